@@ -1,0 +1,109 @@
+"""Helpers shared by the absl entry points in ``launch/``.
+
+Usage in a script::
+
+    from launch import _entry
+    _entry.setup_environment()      # before anything imports TensorFlow
+    ...
+    if __name__ == '__main__':
+        _entry.register_tff_shutdown()
+        _entry.run_main(main)
+
+Errors the user can fix (bad data, bad flags, unwritable output folders)
+print one line ``error: <message>`` to stderr and exit with status 2, without
+a traceback (``--verbosity=1`` logs the traceback as well).
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from tff_fedrecgel.errors import DataError
+
+EXIT_USAGE = 2
+
+# Exceptions that describe a user-fixable problem. `ValueError` covers flag
+# validation in `main`; `OSError` covers unwritable output folders.
+USER_ERRORS = (DataError, flags.Error, ValueError, OSError)
+
+_shutdown_registered = False
+
+
+def setup_environment() -> None:
+    """Quietens TensorFlow's C++ logging; call before importing TensorFlow."""
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+
+def one_line(message: object) -> str:
+    """Collapses a message onto one line."""
+    text = ' '.join(str(message).split())
+    return text or type(message).__name__
+
+
+def fail(message: object) -> NoReturn:
+    """Prints ``error: <message>`` to stderr and exits with status 2.
+
+    Args:
+      message: The message or exception.
+
+    Raises:
+      SystemExit: Always, with code 2.
+    """
+    sys.stderr.write(f'error: {one_line(message)}\n')
+    sys.stderr.flush()
+    sys.exit(EXIT_USAGE)
+
+
+def _parse_flags(argv: Sequence[str]) -> list[str]:
+    """absl flag parsing with the one-line error convention."""
+    try:
+        return flags.FLAGS(list(argv))
+    except flags.Error as e:
+        fail(e)
+
+
+def run_main(main: Callable[[list[str]], Any]) -> None:
+    """Runs ``main`` with ``absl.app.run``, turning user errors into exit 2.
+
+    Args:
+      main: The absl main function, called with the remaining argv.
+    """
+
+    def wrapped(argv: list[str]) -> Any:
+        try:
+            return main(argv)
+        except USER_ERRORS as e:
+            logging.debug('Exiting on a user error', exc_info=True)
+            fail(e)
+
+    app.run(wrapped, flags_parser=_parse_flags)
+
+
+def _shutdown_tff() -> None:
+    # Only if the program used TFF: replacing the execution context drops the
+    # old one, whose worker_binary subprocess would otherwise outlive Python.
+    tff = sys.modules.get('tensorflow_federated')
+    if tff is None:
+        return
+    try:
+        tff.backends.native.set_sync_local_cpp_execution_context()
+        gc.collect()
+    except Exception:  # pylint: disable=broad-except
+        pass  # Interpreter shutdown: nothing useful to report.
+
+
+def register_tff_shutdown() -> None:
+    """Registers (once) an ``atexit`` hook that stops TFF's worker process."""
+    global _shutdown_registered
+    if not _shutdown_registered:
+        atexit.register(_shutdown_tff)
+        _shutdown_registered = True

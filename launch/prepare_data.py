@@ -1,0 +1,94 @@
+r"""Builds (or reuses) the leave-one-out split files of a dataset.
+
+Examples (from the repository root)::
+
+    python launch/prepare_data.py --dataset=filmtrust \
+        --data_dir=../shared/datasets/filmtrust --output_dir=/tmp/ft
+    python -m launch.prepare_data --dataset=synthetic --output_dir=/tmp/syn
+    python launch/prepare_data.py --dataset=csv --data_dir=my_log.tsv \
+        --csv_sep=tab --csv_user_col=uid --csv_item_col=iid \
+        --csv_timestamp_col=ts --output_dir=/tmp/mine
+
+Writes train.csv, test.csv (valid.csv with --validation) and meta.json to
+--output_dir, prints a short summary, and prints one JSON object with the
+statistics as its last line. A second run with the same inputs reuses the
+files. Does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+if __package__ in (None, ''):
+    # Run as `python launch/prepare_data.py`: make the repository importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__))))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags
+
+import tasks
+from launch import _data_flags
+from launch import _entry
+from tff_fedrecgel.errors import DataError
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+_DATASET = flags.DEFINE_string(
+    'dataset', None, f'Dataset: one of {", ".join(tasks.TASK_NAMES)}.')
+_OUTPUT_DIR = flags.DEFINE_string(
+    'output_dir', None, 'Folder for the split files (created if missing).')
+
+
+def _summary_lines(name: str, stats: dict[str, int], output_dir: str,
+                   cached: bool, seconds: float) -> list[str]:
+    how = 'reused the cached split' if cached else 'computed the split'
+    lines = [
+        f'{name}: {how} in {seconds:.2f} s',
+        (f"  users {stats['users']:,} | items {stats['items']:,} | "
+         f"interactions {stats['interactions']:,} | train rows "
+         f"{stats['train_interactions']:,} | test users "
+         f"{stats['test_users']:,} | validation users "
+         f"{stats['valid_users']:,}"),
+        f'  files in {output_dir}',
+    ]
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    """Entry point."""
+    if len(argv) > 1:
+        raise DataError(f'unexpected arguments: {" ".join(argv[1:])}')
+    if not _DATASET.value:
+        raise DataError('--dataset is required; choose one of '
+                        f'{", ".join(tasks.TASK_NAMES)}')
+    task = tasks.get_task(_DATASET.value)
+    if not _OUTPUT_DIR.value:
+        raise DataError('--output_dir is required')
+    output_dir = os.path.abspath(os.path.expanduser(_OUTPUT_DIR.value))
+    data_dir = _data_flags.DATA_DIR.value
+    if data_dir:
+        data_dir = os.path.expanduser(data_dir)
+    options = _data_flags.task_options(task)
+
+    start = time.perf_counter()
+    prepared = task.prepare(data_dir=data_dir, validation=_data_flags.VALIDATION.value,
+                            cache_dir=output_dir, **options)
+    seconds = time.perf_counter() - start
+    stats = prepared.split.summary()
+    for line in _summary_lines(task.name, stats, output_dir, prepared.cached,
+                               seconds):
+        print(line)
+    record = {'dataset': task.name, **stats, 'output_dir': output_dir,
+              'cached': prepared.cached, 'validation': _data_flags.VALIDATION.value,
+              'seconds': round(seconds, 3)}
+    print(json.dumps(record), flush=True)
+    return 0
+
+
+if __name__ == '__main__':
+    _entry.setup_environment()
+    _entry.run_main(main)

@@ -1,0 +1,220 @@
+r"""Trains FedRecGEL (or a baseline) in TFF simulation.
+
+Examples (from the repository root)::
+
+    python launch/train.py --task=synthetic
+    python launch/train.py --task=filmtrust \
+        --data_dir=../shared/datasets/filmtrust
+    python launch/train.py --task=filmtrust \
+        --data_dir=../shared/datasets/filmtrust --algorithm=fedncf --seed=1
+
+Each task supplies the paper's settings for its dataset (SAM radii, 100
+rounds, client fraction 0.1); flags override them. Outputs go to
+<root_output_dir>/<experiment_name>/ (TensorBoard logs, metrics.csv,
+hparams.json, checkpoints, summary.json). Started again with the same flags,
+a run resumes from its latest checkpoint. The last printed line is the
+summary as one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+if __package__ in (None, ''):
+    # Run as `python launch/train.py`: make the repository importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from launch import _entry
+
+_entry.setup_environment()
+
+from absl import flags
+from absl import logging
+
+import tasks
+from launch import _data_flags
+from tff_fedrecgel.errors import DataError
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+ALGORITHMS = ('fedrecgel', 'fedncf', 'sam_global', 'sam_local', 'fedmf')
+
+_TASK = flags.DEFINE_enum('task', None, tasks.TASK_NAMES, 'Dataset task.')
+_ALGORITHM = flags.DEFINE_enum(
+    'algorithm', 'fedrecgel', ALGORITHMS,
+    'fedrecgel: SAM with the task radii; fedncf: no SAM; sam_global / '
+    'sam_local: SAM on the global or local part only (ablations); fedmf: the '
+    'GMF-only model without SAM.')
+_ROOT_OUTPUT_DIR = flags.DEFINE_string(
+    'root_output_dir', 'runs', 'Root folder of all experiments.')
+_EXPERIMENT_NAME = flags.DEFINE_string(
+    'experiment_name', None,
+    'Experiment folder name (default: <task>_<algorithm>_seed<seed>).')
+_TOTAL_ROUNDS = flags.DEFINE_integer(
+    'total_rounds', None, 'Rounds to run (default: the task\'s, 100).')
+_CLIENT_FRACTION = flags.DEFINE_float(
+    'client_fraction', None,
+    'Fraction of users sampled per round (default: the task\'s, 0.1).')
+_CLIENTS_PER_ROUND = flags.DEFINE_integer(
+    'clients_per_round', None, 'Cohort size; overrides --client_fraction.')
+_RHO_SH = flags.DEFINE_float(
+    'rho_sh', None, 'SAM radius of the global (item) part (default: task\'s).')
+_RHO_NS = flags.DEFINE_float(
+    'rho_ns', None, 'SAM radius of the local (user) part (default: task\'s).')
+_LOCAL_LR = flags.DEFINE_float(
+    'local_lr', 0.1, 'Learning rate of the client Adam on the user embedding.')
+_SERVER_LR = flags.DEFINE_float('server_lr', 0.001, 'Server Adam learning rate.')
+_LOCAL_STATE = flags.DEFINE_enum(
+    'local_state', 'persistent', ['persistent', 'reconstruct'],
+    'persistent: each user keeps its embedding and Adam state across rounds; '
+    'reconstruct: nothing is kept, the embedding is re-derived every round.')
+_RECONSTRUCTION_STEPS = flags.DEFINE_integer(
+    'reconstruction_steps', 5, 'Adam steps of the reconstruct mode.')
+_LOSS_REDUCTION = flags.DEFINE_enum(
+    'loss_reduction', 'chunk_sum', ['chunk_sum', 'mean'],
+    'chunk_sum: sum of the mean loss of 128-example chunks (the authors\'); '
+    'mean: the plain mean.')
+_UPDATE = flags.DEFINE_enum(
+    'update', 'gradient', ['gradient', 'model_delta'],
+    'gradient: clients upload the SAM gradient (the authors\'); model_delta: '
+    'clients run --local_epochs of SAM steps and upload the weight change.')
+_LOCAL_EPOCHS = flags.DEFINE_integer('local_epochs', 1, 'model_delta: epochs.')
+_CLIENT_LR = flags.DEFINE_float('client_lr', 0.01, 'model_delta: client SGD rate.')
+_CLIENT_WEIGHTING = flags.DEFINE_enum(
+    'client_weighting', 'uniform', ['uniform', 'num_examples'],
+    'Aggregation weights: uniform (the authors\') or by examples.')
+_ROUNDS_PER_EVAL = flags.DEFINE_integer(
+    'rounds_per_eval', 1, 'Evaluate all users every this many rounds.')
+_ROUNDS_PER_CHECKPOINT = flags.DEFINE_integer(
+    'rounds_per_checkpoint', 10, 'Checkpoint every this many rounds (0: never).')
+_SEED = flags.DEFINE_integer(
+    'seed', 0, 'Seed of initial weights, client sampling and negatives.')
+_PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
+
+
+def _settings(task) -> dict:
+    """All settings of the run, from the task's defaults and the flags."""
+    algorithm = _ALGORITHM.value
+    rho_sh = task.rho_sh if _RHO_SH.value is None else _RHO_SH.value
+    rho_ns = task.rho_ns if _RHO_NS.value is None else _RHO_NS.value
+    forced = {
+        'fedncf': (0.0, 0.0), 'fedmf': (0.0, 0.0),
+        'sam_global': (None, 0.0), 'sam_local': (0.0, None),
+    }.get(algorithm)
+    if forced:
+        for name, holder, value in (('rho_sh', _RHO_SH, forced[0]),
+                                    ('rho_ns', _RHO_NS, forced[1])):
+            if value is None:
+                continue
+            if holder.present and holder.value != value:
+                raise ValueError(
+                    f'--algorithm={algorithm} sets --{name}={value}; '
+                    f'drop --{name}={holder.value}')
+            if name == 'rho_sh':
+                rho_sh = value
+            else:
+                rho_ns = value
+    if _CLIENTS_PER_ROUND.present and _CLIENT_FRACTION.present:
+        raise ValueError('give --clients_per_round or --client_fraction, not both')
+    return {
+        'task': task.name,
+        'algorithm': algorithm,
+        'data_dir': os.path.abspath(_data_flags.DATA_DIR.value)
+        if _data_flags.DATA_DIR.value else None,
+        'validation': _data_flags.VALIDATION.value,
+        'total_rounds': _TOTAL_ROUNDS.value or task.total_rounds,
+        'client_fraction': _CLIENT_FRACTION.value or task.client_fraction,
+        'clients_per_round': _CLIENTS_PER_ROUND.value,
+        'rho_sh': float(rho_sh),
+        'rho_ns': float(rho_ns),
+        'local_lr': _LOCAL_LR.value,
+        'server_lr': _SERVER_LR.value,
+        'local_state': _LOCAL_STATE.value,
+        'reconstruction_steps': _RECONSTRUCTION_STEPS.value,
+        'loss_reduction': _LOSS_REDUCTION.value,
+        'update': _UPDATE.value,
+        'local_epochs': _LOCAL_EPOCHS.value,
+        'client_lr': _CLIENT_LR.value,
+        'client_weighting': _CLIENT_WEIGHTING.value,
+        'rounds_per_eval': _ROUNDS_PER_EVAL.value,
+        'rounds_per_checkpoint': _ROUNDS_PER_CHECKPOINT.value,
+        'seed': _SEED.value,
+        **{f'data_{k}': v for k, v in _data_flags.task_options(task).items()},
+    }
+
+
+def main(argv: list[str]) -> int:
+    """Entry point."""
+    if len(argv) > 1:
+        raise DataError(f'unexpected arguments: {" ".join(argv[1:])}')
+    if not _TASK.value:
+        raise DataError(f'--task is required; choose one of {", ".join(tasks.TASK_NAMES)}')
+    task = tasks.get_task(_TASK.value)
+    settings = _settings(task)
+    if settings['total_rounds'] < 1 or settings['rounds_per_eval'] < 1:
+        raise ValueError('--total_rounds and --rounds_per_eval must be >= 1')
+    if settings['rounds_per_checkpoint'] < 0:
+        raise ValueError('--rounds_per_checkpoint must be >= 0')
+    experiment = _EXPERIMENT_NAME.value or (
+        f'{task.name}_{settings["algorithm"]}_seed{settings["seed"]}')
+
+    # Fail on bad data or an unwritable folder before the slow TF imports.
+    split = task.load_split(
+        data_dir=_data_flags.DATA_DIR.value, validation=settings['validation'],
+        **_data_flags.task_options(task))
+    from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
+    paths = program.prepare_experiment(
+        root_output_dir=_ROOT_OUTPUT_DIR.value, experiment_name=experiment,
+        hparams=settings)
+
+    from tff_fedrecgel.algorithms import ClientWorkConfig  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.models import ModelConfig  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.simulation import FedRecSimulation  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.simulation.simulation import clients_per_round_for  # pylint: disable=g-import-not-at-top
+
+    clients = settings['clients_per_round'] or clients_per_round_for(
+        split.num_users, settings['client_fraction'])
+    if settings['algorithm'] == 'fedmf':
+        model_config = ModelConfig(num_items=split.num_items, use_mlp=False, mlp_layers=())
+    else:
+        model_config = ModelConfig(num_items=split.num_items)
+    work = ClientWorkConfig(
+        rho_sh=settings['rho_sh'], rho_ns=settings['rho_ns'],
+        local_lr=settings['local_lr'], loss_reduction=settings['loss_reduction'],
+        local_state=settings['local_state'],
+        reconstruction_steps=settings['reconstruction_steps'],
+        update=settings['update'], local_epochs=settings['local_epochs'],
+        client_lr=settings['client_lr'],
+        client_weighting=settings['client_weighting'])
+    stats = split.summary()
+    print(f'{task.name}: {stats["users"]:,} users, {stats["items"]:,} items, '
+          f'{stats["train_interactions"]:,} training rows; {clients} clients per '
+          f'round; {settings["algorithm"]} (rho_sh={work.rho_sh}, '
+          f'rho_ns={work.rho_ns}); {settings["total_rounds"]} rounds', flush=True)
+    print(f'outputs: {paths.root}', flush=True)
+    print(f'view the curves: tensorboard --logdir {paths.tensorboard}', flush=True)
+
+    start = time.perf_counter()
+    simulation = FedRecSimulation(
+        split=split, model_config=model_config, work=work,
+        clients_per_round=clients, seed=settings['seed'],
+        server_lr=settings['server_lr'])
+    logging.info('built the TFF process in %.1f s', time.perf_counter() - start)
+    summary = program.run_training(
+        simulation, paths=paths, total_rounds=settings['total_rounds'],
+        rounds_per_eval=settings['rounds_per_eval'],
+        rounds_per_checkpoint=settings['rounds_per_checkpoint'],
+        hparams=settings, validation=settings['validation'],
+        progress=_PROGRESS.value)
+    summary['wall_seconds'] = round(time.perf_counter() - start, 1)
+    summary['output_dir'] = str(paths.root)
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == '__main__':
+    _entry.register_tff_shutdown()
+    _entry.run_main(main)

@@ -1,0 +1,51 @@
+"""Registry of the datasets ("tasks") FedRecGEL runs on.
+
+Example::
+
+    import tasks
+    task = tasks.get_task('filmtrust')
+    split = task.load_split(data_dir='../shared/datasets/filmtrust')
+"""
+
+from tasks import amazon_video
+from tasks import csv_data
+from tasks import filmtrust
+from tasks import lastfm_2k
+from tasks import qb_article
+from tasks import synthetic
+from tasks.base import PreparedSplit
+from tasks.base import Task
+from tff_fedrecgel.errors import DataError
+
+TASK_NAMES = ('filmtrust', 'lastfm_2k', 'amazon_video', 'qb_article', 'csv',
+              'synthetic')
+
+_TASKS = {
+    module.TASK.name: module.TASK
+    for module in (filmtrust, lastfm_2k, amazon_video, qb_article, csv_data,
+                   synthetic)
+}
+assert tuple(_TASKS) == TASK_NAMES, 'registry out of sync'
+
+
+def get_task(name: str) -> Task:
+    """Looks a task up by name.
+
+    Args:
+      name: One of `TASK_NAMES`.
+
+    Returns:
+      The task.
+
+    Raises:
+      DataError: For an unknown name.
+    """
+    try:
+        return _TASKS[name]
+    except (KeyError, TypeError):
+        raise DataError(
+            f'unknown task {name!r}; choose one of {", ".join(TASK_NAMES)}'
+        ) from None
+
+
+__all__ = ['PreparedSplit', 'TASK_NAMES', 'Task', 'get_task']

@@ -1,0 +1,205 @@
+"""The `Task` type: one dataset with its reader and the authors' settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, Union
+
+import pandas as pd
+
+from tff_fedrecgel.data import preprocess as preprocess_lib
+from tff_fedrecgel.data import split_io
+from tff_fedrecgel.data.preprocess import Split
+from tff_fedrecgel.errors import DataError
+
+PathLike = Union[str, os.PathLike]
+
+# Bump when the preprocessing changes results, to invalidate cached splits.
+PROTOCOL_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedSplit:
+    """A split and where it came from.
+
+    Attributes:
+      split: The split.
+      cached: True if it was read back from ``cache_dir`` instead of computed.
+      cache_dir: The folder holding the split files, or None.
+    """
+
+    split: Split
+    cached: bool
+    cache_dir: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A dataset: where its raw file is, how to read it, and its settings.
+
+    Attributes:
+      name: Registry name (e.g. ``filmtrust``).
+      raw_file: File name expected under ``data_dir`` (None: generated).
+      rho_sh: SAM radius of the shared (item-side) parameters.
+      rho_ns: SAM radius of the local (user-embedding) parameters.
+      total_rounds: Default number of federated rounds.
+      client_fraction: Default fraction of clients sampled per round.
+      num_items: Fixed item count (Amazon-Video: 11,830), or None.
+      description: One-line description.
+      reader: ``reader(path, **options)`` (or ``reader(**options)`` when
+        ``raw_file`` is None) returning the raw frame.
+      option_names: Keyword options accepted by ``reader``.
+      data_dir_may_be_file: Whether ``data_dir`` may name the file itself.
+    """
+
+    name: str
+    raw_file: str | None
+    rho_sh: float
+    rho_ns: float
+    total_rounds: int = 100
+    client_fraction: float = 0.1
+    num_items: int | None = None
+    description: str = ''
+    reader: Callable[..., pd.DataFrame] | None = dataclasses.field(
+        default=None, repr=False, compare=False)
+    option_names: tuple[str, ...] = ()
+    data_dir_may_be_file: bool = False
+
+    def _check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(options) - set(self.option_names))
+        if unknown:
+            allowed = ', '.join(self.option_names) or 'none'
+            raise DataError(
+                f'{self.name}: unknown option(s) {", ".join(unknown)} '
+                f'(allowed: {allowed})')
+        # None means "use the reader's default": drop it so keys stay stable.
+        return {k: v for k, v in sorted(options.items()) if v is not None}
+
+    def raw_path(self, data_dir: PathLike | None) -> str | None:
+        """The raw file this task reads.
+
+        Args:
+          data_dir: Folder holding ``raw_file`` (or, for CSV, the file).
+
+        Returns:
+          The path, or None for generated data.
+
+        Raises:
+          DataError: If ``data_dir`` or the file is missing.
+        """
+        if self.raw_file is None:
+            return None
+        if data_dir is None or not os.fspath(data_dir):
+            raise DataError(
+                f'{self.name}: no data directory given (it must hold '
+                f'{self.raw_file})')
+        data_dir = os.fspath(data_dir)
+        if self.data_dir_may_be_file and os.path.isfile(data_dir):
+            return data_dir
+        if not os.path.exists(data_dir):
+            raise DataError(f'{data_dir}: data directory not found')
+        if not os.path.isdir(data_dir):
+            raise DataError(f'{data_dir}: not a directory (it must hold '
+                            f'{self.raw_file})')
+        path = os.path.join(data_dir, self.raw_file)
+        if not os.path.exists(path):
+            raise DataError(f'{path}: file not found (download it first; see '
+                            'docs/DATA.md)')
+        return path
+
+    def load_raw(self, data_dir: PathLike | None = None,
+                 **options: Any) -> pd.DataFrame:
+        """Reads the raw interactions.
+
+        Args:
+          data_dir: Folder holding the raw file (ignored for generated data).
+          **options: Reader options (see ``option_names``).
+
+        Returns:
+          The raw frame (``user``, ``item``, ``timestamp``).
+
+        Raises:
+          DataError: On unknown options or bad input.
+        """
+        options = self._check_options(options)
+        path = self.raw_path(data_dir)
+        if path is None:
+            return self.reader(**options)
+        return self.reader(path, **options)
+
+    def cache_key(self, data_dir: PathLike | None, *, validation: bool,
+                  **options: Any) -> dict[str, Any]:
+        """Everything the split depends on, for `split_io.load_or_compute`.
+
+        Args:
+          data_dir: As for `load_raw`.
+          validation: Whether a validation item is held out.
+          **options: Reader options.
+
+        Returns:
+          A JSON-serializable key (includes the raw file's fingerprint).
+
+        Raises:
+          DataError: If the raw file is missing.
+        """
+        options = self._check_options(options)
+        path = self.raw_path(data_dir)
+        return {
+            'dataset': self.name,
+            'options': options,
+            'validation': bool(validation),
+            'protocol': {
+                'version': PROTOCOL_VERSION,
+                'min_interactions': preprocess_lib.MIN_INTERACTIONS,
+                'num_negatives': preprocess_lib.NUM_HELDOUT_NEGATIVES,
+                'test_seed': preprocess_lib.TEST_NEGATIVE_SEED,
+                'valid_seed': preprocess_lib.VALID_NEGATIVE_SEED,
+                'num_items': self.num_items,
+            },
+            'source': None if path is None else split_io.file_fingerprint(path),
+        }
+
+    def _compute(self, data_dir: PathLike | None, validation: bool,
+                 options: Mapping[str, Any]) -> Split:
+        raw = self.load_raw(data_dir, **options)
+        source = self.raw_path(data_dir) or self.name
+        return preprocess_lib.build_split(raw, validation=validation,
+                                         num_items=self.num_items,
+                                         source=source)
+
+    def prepare(self, *, data_dir: PathLike | None = None,
+                validation: bool = False, cache_dir: PathLike | None = None,
+                **options: Any) -> PreparedSplit:
+        """Loads, preprocesses and (with ``cache_dir``) caches the split.
+
+        Args:
+          data_dir: As for `load_raw`.
+          validation: Also hold out each user's second-latest interaction.
+          cache_dir: Folder for the split files; reused when the raw input,
+            options and format are unchanged.
+          **options: Reader options.
+
+        Returns:
+          The split with its cache status.
+
+        Raises:
+          DataError: On bad input or an unwritable ``cache_dir``.
+        """
+        if cache_dir is None:
+            return PreparedSplit(self._compute(data_dir, validation, options),
+                                 cached=False, cache_dir=None)
+        key = self.cache_key(data_dir, validation=validation, **options)
+        split, cached = split_io.load_or_compute(
+            cache_dir, key=key,
+            compute=lambda: self._compute(data_dir, validation, options))
+        return PreparedSplit(split, cached=cached,
+                             cache_dir=os.fspath(cache_dir))
+
+    def load_split(self, *, data_dir: PathLike | None = None,
+                   validation: bool = False, cache_dir: PathLike | None = None,
+                   **options: Any) -> Split:
+        """Like `prepare`, returning only the split."""
+        return self.prepare(data_dir=data_dir, validation=validation,
+                            cache_dir=cache_dir, **options).split

@@ -1,0 +1,23 @@
+"""Bring-your-own interactions from a delimited text file.
+
+Named ``csv_data`` (task name ``csv``) so that it never shadows the standard
+library's ``csv`` module.
+"""
+
+from tasks.base import Task
+from tff_fedrecgel.data import loaders
+
+# `data_dir` may be the file itself or a folder holding this file.
+DEFAULT_FILE = 'ratings.csv'
+
+TASK = Task(
+    name='csv',
+    raw_file=DEFAULT_FILE,
+    rho_sh=0.01,
+    rho_ns=0.05,
+    description='A user-supplied CSV of (user, item[, rating][, timestamp]).',
+    reader=loaders.load_csv,
+    option_names=('sep', 'header', 'user_col', 'item_col', 'timestamp_col',
+                  'rating_col', 'min_rating'),
+    data_dir_may_be_file=True,
+)

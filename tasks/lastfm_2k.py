@@ -1,0 +1,13 @@
+"""LastFM-2K (HetRec 2011): user-artist tag assignments with dates."""
+
+from tasks.base import Task
+from tff_fedrecgel.data import loaders
+
+TASK = Task(
+    name='lastfm_2k',
+    raw_file='last-fm-2k-ratings.dat',
+    rho_sh=0.01,
+    rho_ns=0.01,
+    description='LastFM-2K tag assignments (repeated user-artist rows kept).',
+    reader=loaders.load_lastfm_2k,
+)

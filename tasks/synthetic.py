@@ -1,0 +1,19 @@
+"""A small generated dataset with latent structure, for demos and tests."""
+
+import dataclasses
+
+from tasks.base import Task
+from tff_fedrecgel.data import synthetic
+
+TASK = Task(
+    name='synthetic',
+    raw_file=None,
+    rho_sh=0.01,
+    rho_ns=0.05,
+    total_rounds=20,
+    client_fraction=0.1,
+    description='Synthetic latent-factor log (500 users, 400 items default).',
+    reader=synthetic.generate_synthetic,
+    option_names=tuple(f.name for f in dataclasses.fields(
+        synthetic.SyntheticConfig)),
+)

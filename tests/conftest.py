@@ -1,0 +1,41 @@
+"""Shared pytest fixtures.
+
+TFF's default context starts a `worker_binary` subprocess that outlives
+Python and keeps the output pipe open; the session fixture installs a fresh
+context at the end so the old one's service manager stops its worker.
+"""
+
+import gc
+import os
+import pathlib
+import sys
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import pytest  # pylint: disable=g-import-not-at-top
+
+
+def _shutdown_tff():
+    if 'tensorflow_federated' not in sys.modules:
+        return
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+    tff.backends.native.set_sync_local_cpp_execution_context()
+    gc.collect()
+
+
+@pytest.fixture(scope='session', autouse=True)
+def shutdown_tff_worker():
+    yield
+    _shutdown_tff()
+
+
+@pytest.fixture(scope='session')
+def datasets_dir() -> pathlib.Path:
+    """The shared real datasets (FEDRECGEL_DATASETS overrides the location)."""
+    return pathlib.Path(
+        os.environ.get('FEDRECGEL_DATASETS', REPO_ROOT.parent / 'shared' / 'datasets')
+    )

@@ -1,0 +1,322 @@
+"""Tests of the split protocol and of the split files/cache."""
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tff_fedrecgel.data import preprocess
+from tff_fedrecgel.data import split_io
+from tff_fedrecgel.errors import DataError
+
+def _frame(rows):
+    return pd.DataFrame(rows, columns=['user', 'item', 'timestamp'])
+
+
+def _fillers():
+    # Two users with 120 disjoint items each, so that every user of a tiny
+    # frame has at least the 99 never-interacted items the negatives need.
+    return [(900 + f, 1000 * (f + 1) + i, i) for f in range(2)
+            for i in range(120)]
+
+
+def _random_frame(seed=0, num_users=30, num_items=1000):
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(3, 15, size=num_users)  # Some users below 5.
+    users = np.repeat(np.arange(num_users) * 7 + 3, counts)  # Sparse raw ids.
+    items = rng.integers(0, num_items, size=len(users)) * 2 + 1
+    timestamps = rng.integers(0, 6, size=len(users))  # Many ties.
+    order = rng.permutation(len(users))
+    return _frame({'user': users[order], 'item': items[order],
+                   'timestamp': timestamps[order]})
+
+
+def _build(frame, **kwargs):
+    return preprocess.build_split(frame, **kwargs)
+
+
+def test_filter_keeps_users_with_five_rows_and_all_their_items():
+    rows = [(1, 10, t) for t in range(5)] + [(2, 20, t) for t in range(4)]
+    rows += [(1, 11, 9), (3, 10, 1), (3, 12, 2), (3, 13, 3), (3, 14, 4),
+             (3, 15, 5)] + _fillers()
+    split = _build(_frame(rows))
+    assert split.num_users == 4  # Users 1, 3 and the two fillers.
+    # Item 20 belonged only to the dropped user; the others are all kept.
+    assert split.num_items == 6 + 240
+    assert split.num_interactions == 6 + 5 + 240
+
+
+def test_reindex_uses_sorted_original_ids():
+    codes, uniques = preprocess.reindex(np.array([10, 2, 33, 2]),
+                                        source='x', what='user')
+    assert codes.tolist() == [1, 0, 2, 0]
+    assert uniques.tolist() == [2, 10, 33]
+    codes, _ = preprocess.reindex(np.array(['b', 'a', 'c'], dtype=object),
+                                  source='x', what='item')
+    assert codes.tolist() == [1, 0, 2]
+
+
+def test_reindex_rejects_mixed_types():
+    with pytest.raises(DataError, match='mix types'):
+        preprocess.reindex(np.array([1, 'a'], dtype=object), source='x',
+                           what='user')
+
+
+def test_leave_one_out_tie_rule_matches_pandas_rank_first():
+    frame = _random_frame()
+    ranks = preprocess.leave_one_out_ranks(frame['user'].to_numpy(),
+                                           frame['timestamp'].to_numpy())
+    expected = frame.groupby('user')['timestamp'].rank(method='first',
+                                                       ascending=False)
+    np.testing.assert_array_equal(ranks, expected.to_numpy())
+
+
+def test_ties_go_to_the_first_occurrence():
+    # User 0's latest timestamp (9) appears on items 3 (first) and 4.
+    rows = [(0, 1, 1), (0, 3, 9), (0, 2, 5), (0, 4, 9), (0, 5, 2)]
+    split = _build(_frame(rows + _fillers()), validation=True)
+    assert split.test_items[0] == 2  # Original item 3 (ids 1..5 -> 0..4).
+    assert split.valid_items[0] == 3  # The tied second occurrence is next.
+
+
+def test_test_item_is_the_latest_and_duplicates_stay_in_train():
+    rows = [(0, 7, 1), (0, 7, 2), (0, 8, 3), (0, 7, 4), (0, 9, 5)]
+    split = _build(_frame(rows + _fillers()))
+    # Original items 7, 8, 9 have indices 0, 1, 2.
+    assert split.test_items[0] == 2
+    assert split.train_items[split.train_users == 0].tolist() == [0, 0, 1, 0]
+    assert split.num_train_interactions == split.num_interactions - 3
+
+
+def test_counts_and_shapes():
+    split = _build(_random_frame())
+    stats = split.summary()
+    assert stats['train_interactions'] == stats['interactions'] - stats['users']
+    assert stats['test_users'] == stats['users']
+    assert stats['valid_users'] == 0
+    assert split.test_negatives.shape == (split.num_users, 99)
+    for array in (split.train_users, split.train_items, split.test_items,
+                  split.test_negatives):
+        assert array.dtype == np.int32
+
+
+def test_test_negatives_are_distinct_never_interacted_and_deterministic():
+    frame = _random_frame()
+    split = _build(frame)
+    seen = [set() for _ in range(split.num_users)]
+    for u, i in zip(split.train_users, split.train_items):
+        seen[u].add(int(i))
+    for u in range(split.num_users):
+        seen[u].add(int(split.test_items[u]))
+        row = split.test_negatives[u]
+        assert len(set(row.tolist())) == 99
+        assert not seen[u] & set(row.tolist())
+        assert row.min() >= 0 and row.max() < split.num_items
+    assert split == _build(frame)
+    other = _build(frame, test_seed=7)
+    assert not np.array_equal(other.test_negatives, split.test_negatives)
+
+
+def test_negatives_do_not_depend_on_the_block_size():
+    users = np.array([0, 0, 1, 2, 2, 2])
+    items = np.array([1, 5, 2, 0, 3, 4])
+    kwargs = dict(num_users=3, num_items=40, num_negatives=10, seed=42)
+    big = preprocess.sample_heldout_negatives(users, items, **kwargs)
+    small = preprocess.sample_heldout_negatives(users, items, block_floats=1,
+                                                **kwargs)
+    np.testing.assert_array_equal(big, small)
+
+
+def test_negatives_follow_the_documented_random_key_procedure():
+    users, items = np.array([0, 1]), np.array([2, 0])
+    got = preprocess.sample_heldout_negatives(
+        users, items, num_users=2, num_items=8, num_negatives=3, seed=5)
+    keys = np.random.default_rng(5).random((2, 8))
+    keys[0, 2] = keys[1, 0] = 2.0
+    np.testing.assert_array_equal(got, np.argsort(keys, axis=1)[:, :3])
+
+
+def test_negatives_are_roughly_uniform():
+    num_users, num_items = 4000, 20
+    users = np.arange(num_users)
+    items = np.zeros(num_users, dtype=np.int64)  # Everyone saw item 0.
+    negatives = preprocess.sample_heldout_negatives(
+        users, items, num_users=num_users, num_items=num_items,
+        num_negatives=5, seed=1)
+    counts = np.bincount(negatives.ravel(), minlength=num_items)
+    assert counts[0] == 0
+    expected = num_users * 5 / (num_items - 1)
+    assert np.all(np.abs(counts[1:] - expected) < 0.1 * expected)
+
+
+def test_validation_holds_out_the_second_latest():
+    frame = _random_frame(seed=3)
+    plain = _build(frame)
+    split = _build(frame, validation=True)
+    stats = split.summary()
+    assert stats['valid_users'] == stats['users']
+    assert stats['train_interactions'] == stats['interactions'] - 2 * stats[
+        'users']
+    np.testing.assert_array_equal(split.test_items, plain.test_items)
+    np.testing.assert_array_equal(split.test_negatives, plain.test_negatives)
+    assert not np.array_equal(split.valid_negatives, split.test_negatives)
+    kept = preprocess.filter_users(frame)
+    users, _ = preprocess.reindex(kept['user'].to_numpy(), source='x',
+                                  what='user')
+    items, _ = preprocess.reindex(kept['item'].to_numpy(), source='x',
+                                  what='item')
+    ranks = preprocess.leave_one_out_ranks(users, kept['timestamp'].to_numpy())
+    expected_valid = np.empty(split.num_users, dtype=np.int32)
+    expected_valid[users[ranks == 2]] = items[ranks == 2]
+    np.testing.assert_array_equal(split.valid_items, expected_valid)
+    for u in range(split.num_users):
+        assert not set(split.valid_negatives[u]) & set(items[users == u])
+
+
+def test_candidates():
+    split = _build(_random_frame(), validation=True)
+    test = split.candidates()
+    assert test.shape == (split.num_users, 100) and test.dtype == np.int32
+    np.testing.assert_array_equal(test[:, 0], split.test_items)
+    np.testing.assert_array_equal(test[:, 1:], split.test_negatives)
+    np.testing.assert_array_equal(split.candidates('valid')[:, 0],
+                                  split.valid_items)
+    with pytest.raises(ValueError):
+        _build(_random_frame()).candidates('valid')
+
+
+def test_fixed_item_count():
+    frame = _random_frame()
+    natural = _build(frame).num_items
+    assert _build(frame, num_items=natural + 5).num_items == natural + 5
+    with pytest.raises(DataError, match='more than the fixed item count'):
+        _build(frame, num_items=natural - 1)
+
+
+def test_no_user_left():
+    with pytest.raises(DataError, match='no user has at least 5') as error:
+        _build(_frame([(1, 2, 3)] * 4), source='tiny.csv')
+    assert 'tiny.csv' in str(error.value)
+
+
+def test_too_few_items_for_the_negatives():
+    with pytest.raises(DataError, match='fewer than the 99'):
+        _build(_frame([(1, i, i) for i in range(10)]))
+
+
+def test_split_rejects_inconsistent_arrays():
+    with pytest.raises(DataError):
+        preprocess.Split(num_users=1, num_items=3, num_interactions=3,
+                         train_users=np.zeros(1, np.int32),
+                         train_items=np.zeros(1, np.int32),
+                         test_items=np.zeros(1, np.int32),
+                         test_negatives=np.zeros((1, 1), np.int32))
+
+
+# Split files and cache --------------------------------------------------------
+
+
+@pytest.mark.parametrize('validation', [False, True])
+def test_write_read_round_trip(tmp_path, validation):
+    split = _build(_random_frame(), validation=validation)
+    split_io.write_split(split, tmp_path, key={'dataset': 'x'})
+    back, meta = split_io.read_split(tmp_path)
+    assert back == split
+    assert meta['statistics'] == split.summary()
+    header = (tmp_path / 'test.csv').read_text().splitlines()[0].split(',')
+    assert header[:3] == ['user', 'item', 'neg_1'] and header[-1] == 'neg_99'
+    assert (tmp_path / 'train.csv').read_text().startswith('user,item\n')
+    assert (tmp_path / 'valid.csv').exists() == validation
+
+
+def _cached(tmp_path, frame, key, validation=False):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return _build(frame, validation=validation)
+
+    split, cached = split_io.load_or_compute(tmp_path, key=key, compute=compute)
+    return split, cached, len(calls)
+
+
+def test_cache_reuses_matching_files(tmp_path):
+    frame = _random_frame()
+    first, cached, calls = _cached(tmp_path, frame, {'a': 1})
+    assert (cached, calls) == (False, 1)
+    second, cached, calls = _cached(tmp_path, frame, {'a': 1})
+    assert (cached, calls) == (True, 0)
+    assert first == second
+
+
+def test_cache_recomputes_for_another_key(tmp_path):
+    frame = _random_frame()
+    _cached(tmp_path, frame, {'a': 1}, validation=True)
+    split, cached, _ = _cached(tmp_path, frame, {'a': 2})
+    assert not cached
+    assert not (tmp_path / 'valid.csv').exists()  # Stale file removed.
+    assert split_io.read_split(tmp_path)[0] == split
+
+
+@pytest.mark.parametrize('damage', ['truncate', 'edit', 'delete', 'meta'])
+def test_cache_recomputes_damaged_files(tmp_path, damage):
+    frame = _random_frame()
+    split, _, _ = _cached(tmp_path, frame, {'a': 1})
+    train = tmp_path / 'train.csv'
+    if damage == 'truncate':
+        train.write_bytes(train.read_bytes()[:50])
+    elif damage == 'edit':
+        train.write_text(train.read_text().replace('\n1,', '\n2,', 1))
+    elif damage == 'delete':
+        os.remove(tmp_path / 'test.csv')
+    else:
+        (tmp_path / 'meta.json').write_text('{"format_version": 1, "key"')
+    with pytest.raises(DataError):
+        split_io.read_split(tmp_path)
+    again, cached, calls = _cached(tmp_path, frame, {'a': 1})
+    assert (cached, calls) == (False, 1)
+    assert again == split
+    assert split_io.read_split(tmp_path)[0] == split  # Files repaired.
+
+
+def test_cache_rejects_other_format_versions(tmp_path):
+    frame = _random_frame()
+    _cached(tmp_path, frame, {'a': 1})
+    meta = json.loads((tmp_path / 'meta.json').read_text())
+    meta['format_version'] = 0
+    (tmp_path / 'meta.json').write_text(json.dumps(meta))
+    assert _cached(tmp_path, frame, {'a': 1})[1:] == (False, 1)
+
+
+def test_unwritable_output_dir(tmp_path):
+    blocker = tmp_path / 'file'
+    blocker.write_text('x')
+    target = blocker / 'sub'
+    with pytest.raises(DataError, match='cannot create the output directory'
+                       ) as error:
+        _cached(target, _random_frame(), {'a': 1})
+    assert str(target) in str(error.value)
+
+
+def test_file_fingerprint(tmp_path):
+    path = tmp_path / 'raw.txt'
+    path.write_text('abc')
+    fingerprint = split_io.file_fingerprint(path)
+    assert fingerprint['name'] == 'raw.txt'
+    assert fingerprint['size'] == 3
+    assert fingerprint['sha1'] == 'a9993e364706816aba3e25717850c26c9cd0d89d'
+    with pytest.raises(DataError, match='cannot read'):
+        split_io.file_fingerprint(tmp_path / 'missing.txt')
+
+
+@pytest.mark.parametrize('inflate', [1, 50])  # 50: forces the slow fallback.
+def test_smallest_keys_matches_a_full_sort(inflate):
+    rng = np.random.default_rng(0)
+    keys = rng.random((200, 400))
+    keys[rng.random(keys.shape) < 0.3] = 2.0
+    available = (keys < 2).sum(axis=1)
+    expected = np.argsort(keys, axis=1)[:, :99]
+    np.testing.assert_array_equal(
+        preprocess.smallest_keys(keys, 99, available * inflate), expected)

@@ -1,0 +1,1 @@
+"""FedRecGEL: sharpness-aware federated recommendation on TensorFlow Federated."""

@@ -1,0 +1,434 @@
+"""Readers for the raw interaction files of the supported datasets.
+
+Every loader returns a :class:`pandas.DataFrame` with exactly the columns
+``user``, ``item`` (original ids) and ``timestamp`` (int64 or float64), one row
+per raw interaction, in file order. No filtering happens here except the
+optional rating threshold of the generic CSV reader; preprocessing (the >= 5
+filter, re-indexing and the leave-one-out split) lives in ``preprocess.py``.
+
+Every bad-input condition raises :class:`~tff_fedrecgel.errors.DataError` with
+a one-line message that starts with the file path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Union
+
+import numpy as np
+import pandas as pd
+
+from tff_fedrecgel.errors import DataError
+
+PathLike = Union[str, os.PathLike]
+ColumnRef = Union[str, int, None]
+
+RAW_COLUMNS = ('user', 'item', 'timestamp')
+
+# FilmTrust has no timestamps; the reference preprocessing draws them from this
+# seed (see `filmtrust_pseudo_timestamps`).
+FILMTRUST_TIMESTAMP_SEED = 42
+_FILMTRUST_BASE_HIGH = 1_000_000_000
+_FILMTRUST_BASE_SCALE = 1_000_000
+
+_INT_RE = r'[+-]?\d+'
+_SEPARATOR_ALIASES = {
+    'tab': '\t',
+    '\\t': '\t',
+    'comma': ',',
+    'semicolon': ';',
+    'space': r'\s+',
+    'whitespace': r'\s+',
+}
+
+
+def check_file(path: PathLike) -> str:
+    """Checks that ``path`` is an existing, non-empty regular file.
+
+    Args:
+      path: The file to check.
+
+    Returns:
+      The path as a string.
+
+    Raises:
+      DataError: If the file is missing, is a directory or is empty.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DataError(f'{path}: file not found')
+    if os.path.isdir(path):
+        raise DataError(f'{path}: is a directory, expected a file')
+    if os.path.getsize(path) == 0:
+        raise DataError(f'{path}: file is empty')
+    return path
+
+
+def _first_line(message: str) -> str:
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    return lines[-1] if lines else 'unreadable file'
+
+
+def _read_table(path: str, *, sep: str, header: bool) -> pd.DataFrame:
+    """Reads a delimited text file with every field as a string."""
+    try:
+        frame = pd.read_csv(
+            path,
+            sep=sep,
+            header=0 if header else None,
+            dtype=str,
+            keep_default_na=False,
+            skip_blank_lines=True,
+        )
+    except pd.errors.EmptyDataError:
+        raise DataError(f'{path}: file is empty') from None
+    except pd.errors.ParserError as e:
+        raise DataError(f'{path}: cannot parse ({_first_line(e)})') from None
+    except UnicodeDecodeError:
+        raise DataError(f'{path}: not a UTF-8 text file') from None
+    if frame.empty:
+        raise DataError(f'{path}: no data rows')
+    return frame
+
+
+def _line_number(position: int, header: bool) -> int:
+    # 1-based line in the file; blank lines are not counted.
+    return position + 1 + (1 if header else 0)
+
+
+def _check_no_missing(frame: pd.DataFrame, path: str, header: bool) -> None:
+    """Rejects rows with missing fields (short lines)."""
+    missing = frame.isna() | frame.eq('')
+    if missing.to_numpy().any():
+        row, col = np.argwhere(missing.to_numpy())[0]
+        raise DataError(
+            f'{path}: missing value in column {frame.columns[col]!r} on line '
+            f'{_line_number(int(row), header)}')
+
+
+def _check_num_columns(frame: pd.DataFrame, path: str, names: Sequence[str],
+                       ) -> None:
+    if frame.shape[1] != len(names):
+        raise DataError(
+            f'{path}: expected {len(names)} columns ({", ".join(names)}), '
+            f'found {frame.shape[1]}')
+
+
+def _parse_int_ids(values: pd.Series, *, path: str, what: str,
+                   header: bool) -> np.ndarray:
+    """Parses integer ids, naming the first offending line on failure."""
+    text = values.str.strip()
+    ok = text.str.fullmatch(_INT_RE).to_numpy(dtype=bool)
+    if not ok.all():
+        row = int(np.flatnonzero(~ok)[0])
+        raise DataError(
+            f'{path}: non-numeric {what} {values.iloc[row]!r} on line '
+            f'{_line_number(row, header)}')
+    try:
+        return text.astype(np.int64).to_numpy()
+    except (OverflowError, ValueError):
+        raise DataError(f'{path}: {what} out of the int64 range') from None
+
+
+def _parse_any_ids(values: pd.Series) -> np.ndarray:
+    """Keeps ids as strings unless every id is an integer.
+
+    Integer-looking ids become int64 so that "sorted order of the original ids"
+    is numeric (2 < 10), as it is for the reference preprocessing.
+    """
+    text = values.str.strip()
+    if text.str.fullmatch(_INT_RE).all():
+        try:
+            return text.astype(np.int64).to_numpy()
+        except (OverflowError, ValueError):
+            pass
+    return text.to_numpy(dtype=object)
+
+
+def _parse_numbers(values: pd.Series, *, path: str, what: str,
+                   header: bool) -> np.ndarray:
+    """Parses a numeric column (int64 if all integral strings, else float64)."""
+    text = values.str.strip()
+    numbers = pd.to_numeric(text, errors='coerce')
+    finite = np.isfinite(numbers.to_numpy(dtype=np.float64))
+    if not finite.all():
+        row = int(np.flatnonzero(~finite)[0])
+        raise DataError(
+            f'{path}: non-numeric {what} {values.iloc[row]!r} on line '
+            f'{_line_number(row, header)}')
+    if text.str.fullmatch(_INT_RE).all():
+        try:
+            return text.astype(np.int64).to_numpy()
+        except (OverflowError, ValueError):
+            pass
+    return numbers.to_numpy(dtype=np.float64)
+
+
+def _frame(users: np.ndarray, items: np.ndarray,
+           timestamps: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame({'user': users, 'item': items, 'timestamp': timestamps})
+
+
+def _occurrence_index(users: np.ndarray) -> np.ndarray:
+    """0, 1, 2, ... for each user's rows, in row order."""
+    return pd.Series(users).groupby(users, sort=False).cumcount().to_numpy(
+        dtype=np.int64)
+
+
+def filmtrust_pseudo_timestamps(users: np.ndarray, *,
+                                seed: int = FILMTRUST_TIMESTAMP_SEED,
+                                ) -> np.ndarray:
+    """The seeded stand-in timestamps of the reference FilmTrust preprocessing.
+
+    ``base = default_rng(seed).integers(0, 1e9, size=len(users))`` and
+    ``timestamp = base * 1e6 + occurrence index of the row within its user``.
+    The occurrence index only matters for exact ties of ``base``.
+
+    Args:
+      users: User id of every raw row, in file order.
+      seed: Seed of ``numpy.random.default_rng``.
+
+    Returns:
+      int64 array of timestamps, one per row.
+    """
+    users = np.asarray(users)
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, _FILMTRUST_BASE_HIGH, size=len(users))
+    return (base.astype(np.int64) * _FILMTRUST_BASE_SCALE
+            + _occurrence_index(users))
+
+
+def load_filmtrust(path: PathLike) -> pd.DataFrame:
+    """Reads FilmTrust ``filmtrust-ratings.txt`` (``user item rating``).
+
+    Args:
+      path: The ratings file (whitespace separated, no header, integer ids).
+
+    Returns:
+      The raw interactions; timestamps are the seeded pseudo-timestamps of
+      `filmtrust_pseudo_timestamps`, drawn over all raw rows in file order.
+
+    Raises:
+      DataError: On a missing, empty or malformed file.
+    """
+    path = check_file(path)
+    frame = _read_table(path, sep=r'\s+', header=False)
+    _check_num_columns(frame, path, ('user', 'item', 'rating'))
+    _check_no_missing(frame, path, header=False)
+    users = _parse_int_ids(frame[0], path=path, what='user id', header=False)
+    items = _parse_int_ids(frame[1], path=path, what='item id', header=False)
+    _parse_numbers(frame[2], path=path, what='rating', header=False)
+    return _frame(users, items, filmtrust_pseudo_timestamps(users))
+
+
+def load_lastfm_2k(path: PathLike) -> pd.DataFrame:
+    """Reads LastFM-2K ``last-fm-2k-ratings.dat`` (``uid,iid,tagid,ts_ms``).
+
+    Each row is one tag assignment; a (user, artist) pair may repeat and every
+    row is kept, as in the reference preprocessing.
+
+    Args:
+      path: The CSV file (no header, integer ids, millisecond timestamps).
+
+    Returns:
+      The raw interactions.
+
+    Raises:
+      DataError: On a missing, empty or malformed file.
+    """
+    path = check_file(path)
+    frame = _read_table(path, sep=',', header=False)
+    _check_num_columns(frame, path, ('uid', 'iid', 'tagid', 'timestamp'))
+    _check_no_missing(frame, path, header=False)
+    users = _parse_int_ids(frame[0], path=path, what='user id', header=False)
+    items = _parse_int_ids(frame[1], path=path, what='item id', header=False)
+    timestamps = _parse_numbers(frame[3], path=path, what='timestamp',
+                                header=False)
+    return _frame(users, items, timestamps)
+
+
+def load_amazon_video(path: PathLike) -> pd.DataFrame:
+    """Reads Amazon-Video ``amazon-video-ratings.dat`` (``user,item,rating,t``).
+
+    Args:
+      path: The CSV file (no header, string ids, Unix-second timestamps).
+
+    Returns:
+      The raw interactions with string ids.
+
+    Raises:
+      DataError: On a missing, empty or malformed file.
+    """
+    path = check_file(path)
+    frame = _read_table(path, sep=',', header=False)
+    _check_num_columns(frame, path, ('user', 'item', 'rating', 'timestamp'))
+    _check_no_missing(frame, path, header=False)
+    timestamps = _parse_numbers(frame[3], path=path, what='timestamp',
+                                header=False)
+    return _frame(frame[0].str.strip().to_numpy(dtype=object),
+                  frame[1].str.strip().to_numpy(dtype=object), timestamps)
+
+
+def load_qb_article(path: PathLike) -> pd.DataFrame:
+    """Reads Tenrec ``QB-article.csv`` (header with ``user_id,item_id``).
+
+    Other columns are ignored. There is no timestamp: the row order within a
+    user stands in for it (1, 2, 3, ...).
+
+    Args:
+      path: The CSV file.
+
+    Returns:
+      The raw interactions.
+
+    Raises:
+      DataError: On a missing, empty or malformed file or missing columns.
+    """
+    path = check_file(path)
+    frame = _read_table(path, sep=',', header=True)
+    frame.columns = [str(c).strip() for c in frame.columns]
+    missing = [c for c in ('user_id', 'item_id') if c not in frame.columns]
+    if missing:
+        raise DataError(
+            f'{path}: missing column(s) {", ".join(missing)} in the header '
+            f'(found {", ".join(map(str, frame.columns))})')
+    frame = frame[['user_id', 'item_id']]
+    _check_no_missing(frame, path, header=True)
+    users = _parse_any_ids(frame['user_id'])
+    items = _parse_any_ids(frame['item_id'])
+    return _frame(users, items, _occurrence_index(users) + 1)
+
+
+def normalize_separator(sep: str) -> str:
+    """Maps command-line spellings (``tab``, ``\\t``, ``space``) to separators.
+
+    Args:
+      sep: A separator or one of its aliases.
+
+    Returns:
+      The separator to pass to pandas.
+
+    Raises:
+      DataError: If ``sep`` is empty.
+    """
+    if not sep:
+        raise DataError('csv separator must not be empty')
+    return _SEPARATOR_ALIASES.get(sep.lower(), sep)
+
+
+def _resolve_column(frame: pd.DataFrame, ref: ColumnRef, *, path: str,
+                    header: bool, role: str) -> str | int:
+    """Finds a column by name (header) or 0-based position (no header)."""
+    if header:
+        name = str(ref).strip()
+        if name not in frame.columns:
+            raise DataError(
+                f'{path}: no {role} column {name!r} (found '
+                f'{", ".join(map(str, frame.columns))})')
+        return name
+    text = str(ref).strip()
+    if not re.fullmatch(r'\d+', text):
+        raise DataError(
+            f'{path}: the file has no header, so the {role} column must be a '
+            f'0-based column number, got {ref!r}')
+    index = int(text)
+    if index >= frame.shape[1]:
+        raise DataError(
+            f'{path}: {role} column {index} does not exist (the file has '
+            f'{frame.shape[1]} columns)')
+    return index
+
+
+def load_csv(path: PathLike, *, sep: str = ',', header: bool = True,
+             user_col: ColumnRef = None, item_col: ColumnRef = None,
+             timestamp_col: ColumnRef = None, rating_col: ColumnRef = None,
+             min_rating: float | None = None) -> pd.DataFrame:
+    """Reads a user-supplied interaction file.
+
+    Args:
+      path: The delimited text file.
+      sep: Field separator (``tab``, ``\\t``, ``space`` are accepted aliases).
+      header: Whether the first line holds column names. Without a header the
+        column arguments are 0-based column numbers.
+      user_col: User id column (default ``user``, or column 0 without header).
+      item_col: Item id column (default ``item``, or column 1 without header).
+      timestamp_col: Optional numeric timestamp column. Without it, the row
+        order within a user stands in (1, 2, 3, ...).
+      rating_col: Optional numeric rating column.
+      min_rating: If set, only rows with ``rating >= min_rating`` are kept as
+        implicit positives (requires ``rating_col``).
+
+    Returns:
+      The raw interactions. Ids that are all integers become int64, otherwise
+      they stay strings.
+
+    Raises:
+      DataError: On a missing, empty or malformed file, unknown columns,
+        non-numeric timestamps/ratings or when no row passes the threshold.
+    """
+    path = check_file(path)
+    if min_rating is not None and rating_col is None:
+        raise DataError(f'{path}: min_rating needs a rating column')
+    frame = _read_table(path, sep=normalize_separator(sep), header=header)
+    if header:
+        frame.columns = [str(c).strip() for c in frame.columns]
+    user_col = _resolve_column(
+        frame, ('user' if header else 0) if user_col is None else user_col,
+        path=path, header=header, role='user')
+    item_col = _resolve_column(
+        frame, ('item' if header else 1) if item_col is None else item_col,
+        path=path, header=header, role='item')
+    wanted = {'user': user_col, 'item': item_col}
+    if timestamp_col is not None:
+        wanted['timestamp'] = _resolve_column(
+            frame, timestamp_col, path=path, header=header, role='timestamp')
+    if rating_col is not None:
+        wanted['rating'] = _resolve_column(
+            frame, rating_col, path=path, header=header, role='rating')
+    used = frame[list(wanted.values())]
+    used.columns = list(wanted)
+    _check_no_missing(used, path, header=header)
+
+    keep = np.ones(len(used), dtype=bool)
+    if rating_col is not None:
+        ratings = _parse_numbers(used['rating'], path=path, what='rating',
+                                 header=header)
+        if min_rating is not None:
+            keep = ratings >= min_rating
+            if not keep.any():
+                raise DataError(
+                    f'{path}: no row has rating >= {min_rating:g}')
+    if 'timestamp' in wanted:
+        timestamps = _parse_numbers(used['timestamp'], path=path,
+                                    what='timestamp', header=header)[keep]
+    else:
+        timestamps = None
+    used = used[keep]
+    users = _parse_any_ids(used['user'])
+    items = _parse_any_ids(used['item'])
+    if timestamps is None:
+        timestamps = _occurrence_index(users) + 1
+    return _frame(users, items, timestamps)
+
+
+def validate_raw(frame: pd.DataFrame, *, source: str) -> None:
+    """Checks that a frame has the raw schema (used for user-built frames).
+
+    Args:
+      frame: A frame that should have ``user``, ``item`` and ``timestamp``.
+      source: Name used in error messages.
+
+    Raises:
+      DataError: On missing columns, missing values or non-numeric timestamps.
+    """
+    missing = [c for c in RAW_COLUMNS if c not in frame.columns]
+    if missing:
+        raise DataError(f'{source}: missing column(s) {", ".join(missing)}')
+    if frame.empty:
+        raise DataError(f'{source}: no interactions')
+    if frame[list(RAW_COLUMNS)].isna().to_numpy().any():
+        raise DataError(f'{source}: missing values in user/item/timestamp')
+    if not pd.api.types.is_numeric_dtype(frame['timestamp']):
+        raise DataError(f'{source}: timestamps must be numeric')

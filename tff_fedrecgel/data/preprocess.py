@@ -1,0 +1,386 @@
+"""The FedRecGEL data protocol: filter, re-index, leave-one-out, negatives.
+
+Steps (SPEC "Data protocol"):
+
+1. Keep users with at least ``min_interactions`` (5) rows. Items are not
+   filtered. Duplicate (user, item) rows are kept.
+2. Re-index users and items contiguously from 0 in sorted order of their
+   original ids (only ids that survive step 1 get an index).
+3. Rank each user's rows by timestamp, descending, ties broken by first
+   occurrence in row order (``rank(method='first', ascending=False)``). Rank 1
+   is the test interaction; with ``validation=True`` rank 2 is the validation
+   interaction. Every other row (duplicates included) is training.
+4. Held-out negatives (see `sample_heldout_negatives`): for each user, 99
+   items it never interacted with in the filtered data, without replacement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from tff_fedrecgel.data import loaders
+from tff_fedrecgel.errors import DataError
+
+MIN_INTERACTIONS = 5
+NUM_HELDOUT_NEGATIVES = 99
+TEST_NEGATIVE_SEED = 42
+VALID_NEGATIVE_SEED = 43
+
+# Random keys are generated in blocks of rows of about this many floats
+# (32 MiB); the blocks consume one continuous stream, so the result does not
+# depend on the block size.
+_KEY_BLOCK_FLOATS = 1 << 22
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Split:
+    """A preprocessed leave-one-out split with held-out candidates.
+
+    Attributes:
+      num_users: Users after filtering; user indices are ``0..num_users-1``.
+      num_items: Item index space size; item indices are ``0..num_items-1``.
+      num_interactions: Rows after filtering (train + held-out rows).
+      train_users: int32 [R] user index of every training row (file order).
+      train_items: int32 [R] item index of every training row.
+      test_items: int32 [num_users] each user's test item.
+      test_negatives: int32 [num_users, K] each user's test negatives.
+      valid_items: int32 [num_users] validation items, or None.
+      valid_negatives: int32 [num_users, K] validation negatives, or None.
+    """
+
+    num_users: int
+    num_items: int
+    num_interactions: int
+    train_users: np.ndarray
+    train_items: np.ndarray
+    test_items: np.ndarray
+    test_negatives: np.ndarray
+    valid_items: np.ndarray | None = None
+    valid_negatives: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        # Fail early on inconsistent arrays (e.g. a hand-built or cached split).
+        u, i = self.num_users, self.num_items
+        if self.train_users.shape != self.train_items.shape:
+            raise DataError('split: train_users and train_items differ in size')
+        if self.test_items.shape != (u,) or self.test_negatives.ndim != 2 or (
+                self.test_negatives.shape[0] != u):
+            raise DataError('split: test arrays do not have one row per user')
+        if (self.valid_items is None) != (self.valid_negatives is None):
+            raise DataError(
+                'split: valid_items and valid_negatives go together')
+        held_out = 1 if self.valid_items is None else 2
+        if self.num_interactions != len(self.train_users) + held_out * u:
+            raise DataError('split: row counts do not add up')
+        for name in ('train_users', 'train_items', 'test_items',
+                     'test_negatives', 'valid_items', 'valid_negatives'):
+            array = getattr(self, name)
+            if array is None:
+                continue
+            if array.dtype != np.int32:
+                raise DataError(f'split: {name} must be int32')
+            bound = u if name == 'train_users' else i
+            if array.size and (array.min() < 0 or array.max() >= bound):
+                raise DataError(f'split: {name} out of range')
+
+    @property
+    def has_validation(self) -> bool:
+        """Whether a validation item was held out for every user."""
+        return self.valid_items is not None
+
+    @property
+    def num_train_interactions(self) -> int:
+        """Training rows (duplicates counted)."""
+        return int(len(self.train_users))
+
+    def summary(self) -> dict[str, int]:
+        """Statistics of the split.
+
+        Returns:
+          ``users``, ``items``, ``interactions``, ``train_interactions``,
+          ``test_users`` and ``valid_users`` (0 without validation).
+        """
+        return {
+            'users': int(self.num_users),
+            'items': int(self.num_items),
+            'interactions': int(self.num_interactions),
+            'train_interactions': self.num_train_interactions,
+            'test_users': int(len(self.test_items)),
+            'valid_users': 0 if self.valid_items is None else int(
+                len(self.valid_items)),
+        }
+
+    def candidates(self,
+                   which: Literal['test', 'valid'] = 'test') -> np.ndarray:
+        """Evaluation candidates: the held-out item, then its negatives.
+
+        Args:
+          which: ``'test'`` or ``'valid'``.
+
+        Returns:
+          int32 [num_users, 1 + K]; column 0 is the held-out item.
+
+        Raises:
+          ValueError: For an unknown ``which`` or ``'valid'`` without
+            validation.
+        """
+        if which == 'test':
+            items, negatives = self.test_items, self.test_negatives
+        elif which == 'valid':
+            if self.valid_items is None:
+                raise ValueError('this split has no validation hold-out')
+            items, negatives = self.valid_items, self.valid_negatives
+        else:
+            raise ValueError(f"which must be 'test' or 'valid', got {which!r}")
+        return np.concatenate([items[:, None], negatives], axis=1).astype(
+            np.int32)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Split):
+            return NotImplemented
+        for field in dataclasses.fields(self):
+            a, b = getattr(self, field.name), getattr(other, field.name)
+            if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+                if a is None or b is None or not np.array_equal(a, b):
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    __hash__ = None  # Mutable-content arrays: not hashable.
+
+
+def filter_users(raw: pd.DataFrame, *,
+                 min_interactions: int = MIN_INTERACTIONS) -> pd.DataFrame:
+    """Keeps the rows of users with at least ``min_interactions`` rows.
+
+    Args:
+      raw: Raw interactions (``user``, ``item``, ``timestamp``).
+      min_interactions: Minimum rows per user.
+
+    Returns:
+      The kept rows in their original order, with a fresh 0-based index.
+    """
+    counts = raw.groupby('user', sort=False)['user'].transform('size')
+    return raw[counts.to_numpy() >= min_interactions].reset_index(drop=True)
+
+
+def reindex(values: np.ndarray, *, source: str, what: str,
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Maps original ids to 0..n-1 in sorted order of the ids.
+
+    Args:
+      values: Original ids, one per row.
+      source: Name used in error messages.
+      what: ``'user'`` or ``'item'`` for error messages.
+
+    Returns:
+      ``(codes, uniques)``: int32 codes per row and the sorted original ids.
+
+    Raises:
+      DataError: If the ids cannot be sorted (e.g. mixed numbers and text).
+    """
+    try:
+        uniques, codes = np.unique(np.asarray(values), return_inverse=True)
+    except TypeError:
+        raise DataError(
+            f'{source}: {what} ids mix types that cannot be sorted') from None
+    return codes.astype(np.int32), uniques
+
+
+def leave_one_out_ranks(users: np.ndarray,
+                        timestamps: np.ndarray) -> np.ndarray:
+    """Rank of each row within its user: 1 = latest, ties by first occurrence.
+
+    Same result as
+    ``df.groupby('user')['timestamp'].rank(method='first', ascending=False)``.
+
+    Args:
+      users: User of every row.
+      timestamps: Numeric timestamp of every row.
+
+    Returns:
+      int64 ranks starting at 1.
+    """
+    ranks = pd.Series(timestamps).groupby(np.asarray(users), sort=False).rank(
+        method='first', ascending=False)
+    return ranks.to_numpy().astype(np.int64)
+
+
+def sample_heldout_negatives(interacted_users: np.ndarray,
+                             interacted_items: np.ndarray, *, num_users: int,
+                             num_items: int,
+                             num_negatives: int = NUM_HELDOUT_NEGATIVES,
+                             seed: int, source: str = 'data',
+                             block_floats: int = _KEY_BLOCK_FLOATS,
+                             ) -> np.ndarray:
+    """Samples per-user negatives without replacement (random-key method).
+
+    Exact procedure: ``rng = numpy.random.default_rng(seed)``; conceptually
+    ``keys = rng.random((num_users, num_items))`` (float64, row-major, drawn in
+    row blocks from the one stream); keys of the items a user interacted with
+    are set to 2.0 (above every draw); the user's negatives are the
+    ``num_negatives`` items with the smallest keys, in ascending key order.
+    This is uniform sampling without replacement from the non-interacted
+    items, vectorized and independent of the block size.
+
+    Args:
+      interacted_users: User index of every interaction to exclude.
+      interacted_items: Item index of every interaction to exclude.
+      num_users: Number of users (rows of the result).
+      num_items: Size of the item index space.
+      num_negatives: Negatives per user.
+      seed: Seed of ``numpy.random.default_rng``.
+      source: Name used in error messages.
+      block_floats: Approximate floats per block of keys (memory bound).
+
+    Returns:
+      int32 [num_users, num_negatives].
+
+    Raises:
+      DataError: If some user has fewer than ``num_negatives`` candidates.
+    """
+    interacted_users = np.asarray(interacted_users, dtype=np.int64)
+    interacted_items = np.asarray(interacted_items, dtype=np.int64)
+    # Unique (user, item) codes sorted by user, so a block of users is a slice.
+    pairs = np.unique(interacted_users * num_items + interacted_items)
+    pair_users = pairs // num_items
+    available = num_items - np.bincount(pair_users, minlength=num_users)
+    if num_users and available.min() < num_negatives:
+        user = int(np.argmin(available))
+        raise DataError(
+            f'{source}: user index {user} has only {int(available[user])} '
+            f'non-interacted items, fewer than the {num_negatives} held-out '
+            'negatives needed')
+    rng = np.random.default_rng(seed)
+    result = np.empty((num_users, num_negatives), dtype=np.int32)
+    rows_per_block = max(1, block_floats // max(1, num_items))
+    for start in range(0, num_users, rows_per_block):
+        stop = min(num_users, start + rows_per_block)
+        keys = rng.random((stop - start, num_items))
+        lo, hi = np.searchsorted(pair_users, [start, stop])
+        keys[pair_users[lo:hi] - start, pairs[lo:hi] % num_items] = 2.0
+        result[start:stop] = smallest_keys(keys, num_negatives,
+                                           available[start:stop])
+    return result
+
+
+def smallest_keys(keys: np.ndarray, k: int,
+                  available: np.ndarray) -> np.ndarray:
+    """Column indices of the ``k`` smallest keys of each row, ascending.
+
+    Equal to ``np.argsort(keys, axis=1)[:, :k]`` for distinct keys, but fast:
+    only keys below a per-row threshold (about ``k + 8 sqrt(k) + 16`` expected
+    hits among the row's ``available`` uniform keys) are sorted; rows with
+    fewer than ``k`` hits fall back to a full partition.
+
+    Args:
+      keys: float64 [rows, n]; uniform in [0, 1) except excluded entries (2.0).
+      k: How many indices per row.
+      available: int [rows] number of non-excluded entries per row (>= k).
+
+    Returns:
+      int32 [rows, k].
+    """
+    rows = keys.shape[0]
+    result = np.empty((rows, k), dtype=np.int32)
+    if k == 0 or rows == 0:
+        return result
+    threshold = (k + 8 * np.sqrt(k) + 16) / np.maximum(available, 1)
+    row_idx, col_idx = np.nonzero(keys < threshold[:, None])
+    hits = np.bincount(row_idx, minlength=rows)
+    order = np.lexsort((keys[row_idx, col_idx], row_idx))
+    row_idx, col_idx = row_idx[order], col_idx[order]
+    starts = np.concatenate([[0], np.cumsum(hits)[:-1]])
+    position = np.arange(len(row_idx)) - starts[row_idx]
+    ok = hits >= k
+    take = (position < k) & ok[row_idx]
+    result[ok] = col_idx[take].reshape(-1, k)
+    for row in np.flatnonzero(~ok):  # Rare: too few keys below the threshold.
+        part = np.argpartition(keys[row], k - 1)[:k] if k < keys.shape[1] else (
+            np.arange(keys.shape[1]))
+        result[row] = part[np.argsort(keys[row, part], kind='stable')]
+    return result
+
+
+def build_split(raw: pd.DataFrame, *, validation: bool = False,
+               min_interactions: int = MIN_INTERACTIONS,
+               num_negatives: int = NUM_HELDOUT_NEGATIVES,
+               test_seed: int = TEST_NEGATIVE_SEED,
+               valid_seed: int = VALID_NEGATIVE_SEED,
+               num_items: int | None = None,
+               source: str = 'data') -> Split:
+    """Applies the FedRecGEL data protocol to raw interactions.
+
+    Args:
+      raw: Raw interactions with ``user``, ``item``, ``timestamp``.
+      validation: Also hold out each user's second-latest interaction.
+      min_interactions: Users with fewer rows are dropped (5 in the SPEC).
+      num_negatives: Held-out negatives per user (99 in the SPEC).
+      test_seed: Seed of the test negatives.
+      valid_seed: Seed of the validation negatives.
+      num_items: Fixed size of the item index space (Amazon-Video: 11,830);
+        it must be at least the number of distinct items. None: the number
+        of distinct items after filtering.
+      source: Name (usually the raw file) used in error messages.
+
+    Returns:
+      The split.
+
+    Raises:
+      DataError: On a bad frame, no user left after filtering, too few
+        items for the negatives or a fixed item count that is too small.
+    """
+    loaders.validate_raw(raw, source=source)
+    needed = 3 if validation else 2
+    if min_interactions < needed:
+        raise DataError(
+            f'{source}: min_interactions must be at least {needed} '
+            f'(got {min_interactions})')
+    kept = filter_users(raw, min_interactions=min_interactions)
+    if kept.empty:
+        raise DataError(
+            f'{source}: no user has at least {min_interactions} interactions')
+    users, _ = reindex(kept['user'].to_numpy(), source=source, what='user')
+    items, item_ids = reindex(kept['item'].to_numpy(), source=source,
+                              what='item')
+    num_users = int(users.max()) + 1
+    if num_items is None:
+        num_items = len(item_ids)
+    elif len(item_ids) > num_items:
+        raise DataError(
+            f'{source}: {len(item_ids)} distinct items, more than the fixed '
+            f'item count {num_items}')
+
+    ranks = leave_one_out_ranks(users, kept['timestamp'].to_numpy())
+    test_rows = np.flatnonzero(ranks == 1)
+    test_items = np.empty(num_users, dtype=np.int32)
+    test_items[users[test_rows]] = items[test_rows]
+    test_negatives = sample_heldout_negatives(
+        users, items, num_users=num_users, num_items=num_items,
+        num_negatives=num_negatives, seed=test_seed, source=source)
+    valid_items = valid_negatives = None
+    train = ranks > 1
+    if validation:
+        valid_rows = np.flatnonzero(ranks == 2)
+        valid_items = np.empty(num_users, dtype=np.int32)
+        valid_items[users[valid_rows]] = items[valid_rows]
+        valid_negatives = sample_heldout_negatives(
+            users, items, num_users=num_users, num_items=num_items,
+            num_negatives=num_negatives, seed=valid_seed, source=source)
+        train = ranks > 2
+    return Split(
+        num_users=num_users,
+        num_items=int(num_items),
+        num_interactions=int(len(kept)),
+        train_users=users[train],
+        train_items=items[train],
+        test_items=test_items,
+        test_negatives=test_negatives,
+        valid_items=valid_items,
+        valid_negatives=valid_negatives,
+    )

@@ -1,0 +1,311 @@
+"""Split files on disk and the cache that reuses them.
+
+Layout of an output folder:
+
+- ``train.csv``: header ``user,item``; one line per training row (duplicates
+  kept), in the split's order.
+- ``test.csv``: header ``user,item,neg_1,...,neg_K``; one line per user, in
+  user order; ``item`` is the held-out test item.
+- ``valid.csv``: same format for the validation hold-out (only with
+  validation).
+- ``meta.json``: format version, the cache key (dataset, options, fingerprint
+  of the raw input), statistics and the SHA-1 of every split file.
+
+``meta.json`` is written last and removed first, so an interrupted write never
+looks like a valid cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, Union
+
+import numpy as np
+import pandas as pd
+
+from tff_fedrecgel.data.preprocess import Split
+from tff_fedrecgel.errors import DataError
+
+PathLike = Union[str, os.PathLike]
+
+FORMAT_VERSION = 1
+TRAIN_FILE = 'train.csv'
+TEST_FILE = 'test.csv'
+VALID_FILE = 'valid.csv'
+META_FILE = 'meta.json'
+
+_logger = logging.getLogger(__name__)
+
+
+def file_fingerprint(path: PathLike) -> dict[str, Any]:
+    """Identifies a raw input file by name, size, mtime and SHA-1.
+
+    Args:
+      path: The file.
+
+    Returns:
+      ``{'name', 'size', 'mtime_ns', 'sha1'}``.
+
+    Raises:
+      DataError: If the file cannot be read.
+    """
+    path = os.fspath(path)
+    sha1 = hashlib.sha1()
+    try:
+        stat = os.stat(path)
+        with open(path, 'rb') as f:
+            for chunk in iter(lambda: f.read(1 << 20), b''):
+                sha1.update(chunk)
+    except OSError as e:
+        raise DataError(f'{path}: cannot read ({e.strerror or e})') from None
+    return {
+        'name': os.path.basename(path),
+        'size': int(stat.st_size),
+        'mtime_ns': int(stat.st_mtime_ns),
+        'sha1': sha1.hexdigest(),
+    }
+
+
+def _normalize(value: Any) -> Any:
+    """Round-trips through JSON so that keys compare as stored."""
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
+def _heldout_header(num_negatives: int) -> list[str]:
+    return ['user', 'item'] + [f'neg_{k}' for k in range(1, num_negatives + 1)]
+
+
+def _csv_bytes(columns: list[str], data: np.ndarray) -> bytes:
+    buffer = io.StringIO()
+    pd.DataFrame(data, columns=columns).to_csv(buffer, index=False)
+    return buffer.getvalue().encode('ascii')
+
+
+def _split_file_bytes(split: Split) -> dict[str, bytes]:
+    users = np.arange(split.num_users, dtype=np.int32)
+    files = {
+        TRAIN_FILE: _csv_bytes(
+            ['user', 'item'],
+            np.stack([split.train_users, split.train_items], axis=1)),
+        TEST_FILE: _csv_bytes(
+            _heldout_header(split.test_negatives.shape[1]),
+            np.column_stack([users, split.test_items, split.test_negatives])),
+    }
+    if split.has_validation:
+        files[VALID_FILE] = _csv_bytes(
+            _heldout_header(split.valid_negatives.shape[1]),
+            np.column_stack([users, split.valid_items, split.valid_negatives]))
+    return files
+
+
+def _make_dir(output_dir: str) -> None:
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:
+        raise DataError(
+            f'{output_dir}: cannot create the output directory '
+            f'({e.strerror or e})') from None
+    if not os.access(output_dir, os.W_OK | os.X_OK):
+        raise DataError(f'{output_dir}: output directory is not writable')
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f'{path}.tmp'
+    try:
+        with open(tmp, 'wb') as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise DataError(f'{path}: cannot write ({e.strerror or e})') from None
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise DataError(f'{path}: cannot remove ({e.strerror or e})') from None
+
+
+def write_split(split: Split, output_dir: PathLike, *,
+                key: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Writes the split files and ``meta.json``.
+
+    Args:
+      split: The split to write.
+      output_dir: Folder to write into (created if missing).
+      key: Cache key stored in ``meta.json`` (dataset, options, raw-input
+        fingerprint); `load_or_compute` reuses the files only for an equal key.
+
+    Returns:
+      The metadata written to ``meta.json``.
+
+    Raises:
+      DataError: If the folder cannot be created or written.
+    """
+    output_dir = os.fspath(output_dir)
+    _make_dir(output_dir)
+    meta_path = os.path.join(output_dir, META_FILE)
+    _remove(meta_path)  # Invalidate first: a crash below leaves no cache.
+    files = _split_file_bytes(split)
+    if VALID_FILE not in files:
+        _remove(os.path.join(output_dir, VALID_FILE))
+    for name, data in files.items():
+        _write_atomic(os.path.join(output_dir, name), data)
+    meta = {
+        'format_version': FORMAT_VERSION,
+        'key': _normalize(dict(key or {})),
+        'statistics': split.summary(),
+        'num_items': int(split.num_items),
+        'num_negatives': int(split.test_negatives.shape[1]),
+        'files': {name: hashlib.sha1(data).hexdigest()
+                  for name, data in files.items()},
+    }
+    _write_atomic(meta_path,
+                  (json.dumps(meta, indent=2, sort_keys=True) + '\n').encode())
+    return meta
+
+
+def _read_verified(path: str, sha1: str) -> bytes:
+    with open(path, 'rb') as f:
+        data = f.read()
+    if hashlib.sha1(data).hexdigest() != sha1:
+        raise DataError(f'{path}: content does not match meta.json')
+    return data
+
+
+def _parse_csv(path: str, data: bytes, columns: list[str],
+               rows: int) -> np.ndarray:
+    frame = pd.read_csv(io.BytesIO(data), dtype=np.int64)
+    if list(frame.columns) != columns:
+        raise DataError(f'{path}: unexpected header')
+    if len(frame) != rows:
+        raise DataError(f'{path}: expected {rows} rows, found {len(frame)}')
+    return frame.to_numpy()
+
+
+def read_meta(output_dir: PathLike) -> dict[str, Any]:
+    """Reads ``meta.json`` of a split folder.
+
+    Args:
+      output_dir: The split folder.
+
+    Returns:
+      The metadata.
+
+    Raises:
+      DataError: If it is missing, unreadable or of another format version.
+    """
+    path = os.path.join(os.fspath(output_dir), META_FILE)
+    try:
+        with open(path, encoding='utf-8') as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise DataError(f'{path}: file not found') from None
+    except (OSError, ValueError) as e:
+        raise DataError(f'{path}: unreadable ({e})') from None
+    if not isinstance(meta, dict) or (
+            meta.get('format_version') != FORMAT_VERSION):
+        raise DataError(f'{path}: not a split of format {FORMAT_VERSION}')
+    return meta
+
+
+def read_split(output_dir: PathLike) -> tuple[Split, dict[str, Any]]:
+    """Reads a split written by `write_split`, verifying every file.
+
+    Args:
+      output_dir: The split folder.
+
+    Returns:
+      ``(split, meta)``.
+
+    Raises:
+      DataError: If any file is missing, altered, truncated or inconsistent.
+    """
+    output_dir = os.fspath(output_dir)
+    meta = read_meta(output_dir)
+    try:
+        stats = meta['statistics']
+        num_users = int(stats['users'])
+        num_negatives = int(meta['num_negatives'])
+        hashes = meta['files']
+        arrays = {}
+        for name in (TRAIN_FILE, TEST_FILE, VALID_FILE):
+            if name not in hashes:
+                continue
+            path = os.path.join(output_dir, name)
+            data = _read_verified(path, hashes[name])
+            if name == TRAIN_FILE:
+                arrays[name] = _parse_csv(path, data, ['user', 'item'],
+                                          int(stats['train_interactions']))
+            else:
+                arrays[name] = _parse_csv(path, data,
+                                          _heldout_header(num_negatives),
+                                          num_users)
+                if not np.array_equal(arrays[name][:, 0], np.arange(num_users)):
+                    raise DataError(f'{path}: users out of order')
+        if (VALID_FILE in arrays) != (int(stats['valid_users']) > 0):
+            raise DataError(f'{output_dir}: validation files do not match')
+        train, test = arrays[TRAIN_FILE], arrays[TEST_FILE]
+        valid = arrays.get(VALID_FILE)
+        split = Split(
+            num_users=num_users,
+            num_items=int(meta['num_items']),
+            num_interactions=int(stats['interactions']),
+            train_users=train[:, 0].astype(np.int32),
+            train_items=train[:, 1].astype(np.int32),
+            test_items=test[:, 1].astype(np.int32),
+            test_negatives=np.ascontiguousarray(test[:, 2:], dtype=np.int32),
+            valid_items=None if valid is None else valid[:, 1].astype(np.int32),
+            valid_negatives=None if valid is None else np.ascontiguousarray(
+                valid[:, 2:], dtype=np.int32),
+        )
+    except DataError:
+        raise
+    except (OSError, KeyError, TypeError, ValueError,
+            pd.errors.ParserError) as e:
+        raise DataError(f'{output_dir}: unreadable split ({e})') from None
+    if split.summary() != stats:
+        raise DataError(f'{output_dir}: statistics do not match meta.json')
+    return split, meta
+
+
+def load_or_compute(output_dir: PathLike, *, key: Mapping[str, Any],
+                    compute: Callable[[], Split]) -> tuple[Split, bool]:
+    """Reuses the split in ``output_dir`` if its key matches, else computes it.
+
+    Args:
+      output_dir: Cache folder.
+      key: Everything the split depends on (dataset, options, raw-input
+        fingerprint); compared with the key stored in ``meta.json``.
+      compute: Builds the split when the cache cannot be used.
+
+    Returns:
+      ``(split, cached)``; ``cached`` is True when the files were reused.
+
+    Raises:
+      DataError: From ``compute`` or if the folder cannot be written.
+    """
+    output_dir = os.fspath(output_dir)
+    key = _normalize(dict(key))
+    if os.path.exists(os.path.join(output_dir, META_FILE)):
+        try:
+            meta = read_meta(output_dir)
+            if meta.get('key') == key:
+                split, _ = read_split(output_dir)
+                _logger.info('Reusing the cached split in %s', output_dir)
+                return split, True
+            _logger.info('Cached split in %s is for other inputs; recomputing',
+                         output_dir)
+        except DataError as e:
+            _logger.info('Cached split is unusable (%s); recomputing', e)
+    _make_dir(output_dir)  # Fail on an unwritable folder before the work.
+    split = compute()
+    write_split(split, output_dir, key=key)
+    return split, False

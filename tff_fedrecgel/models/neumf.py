@@ -1,0 +1,310 @@
+"""NeuMF (GMF + MLP) split into global item-side and local user-side layers.
+
+One model instance represents one client: the local layers hold that client's
+user embedding rows (one row each), the global layers hold everything the
+server aggregates (item embedding tables, MLP tower, prediction layer).
+
+The forward math lives in `_logits`, shared by the Keras model and by
+`score_items`, the batched scorer used to evaluate every user at once.
+"""
+
+from collections.abc import Sequence
+import dataclasses
+import math
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+EMBEDDING_STDDEV = 0.01
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of a NeuMF model.
+
+    Attributes:
+      num_items: Number of items (rows of the item embedding tables).
+      gmf_dim: Embedding size of the GMF branch (user and item).
+      mlp_dim: Embedding size of the MLP branch (user and item); the tower's
+        input is their concatenation, `2 * mlp_dim` wide.
+      mlp_layers: Widths of the ReLU layers of the MLP tower. Empty, together
+        with `use_mlp=False`, gives the GMF-only model (the FedMF baseline).
+      use_mlp: Whether the MLP branch exists. False gives GMF only.
+    """
+
+    num_items: int
+    gmf_dim: int = 32
+    mlp_dim: int = 128
+    mlp_layers: tuple[int, ...] = (128, 64, 32)
+    use_mlp: bool = True
+
+    def __post_init__(self):
+        if self.num_items < 1:
+            raise ValueError(f'num_items must be positive, got {self.num_items}')
+        if self.gmf_dim < 1:
+            raise ValueError(f'gmf_dim must be positive, got {self.gmf_dim}')
+        if self.use_mlp and (self.mlp_dim < 1 or not self.mlp_layers):
+            raise ValueError('the MLP branch needs mlp_dim > 0 and mlp_layers')
+
+    @property
+    def prediction_input_dim(self) -> int:
+        return self.gmf_dim + (self.mlp_layers[-1] if self.use_mlp else 0)
+
+    def num_global_params(self) -> int:
+        """Number of floats in the global (aggregated) part."""
+        total = self.num_items * self.gmf_dim + self.prediction_input_dim + 1
+        if self.use_mlp:
+            total += self.num_items * self.mlp_dim
+            fan_in = 2 * self.mlp_dim
+            for width in self.mlp_layers:
+                total += fan_in * width + width
+                fan_in = width
+        return total
+
+
+class UserEmbedding(tf.keras.layers.Layer):
+    """The client's own user embedding: one row, broadcast over the batch."""
+
+    def __init__(self, dim: int, *, seed: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.dim = dim
+        self.seed = seed
+
+    def build(self, input_shape):
+        self.embedding = self.add_weight(
+            name='embedding',
+            shape=(1, self.dim),
+            initializer=tf.keras.initializers.RandomNormal(
+                stddev=EMBEDDING_STDDEV, seed=self.seed
+            ),
+            trainable=True,
+        )
+        super().build(input_shape)
+
+    def call(self, items):
+        return tf.broadcast_to(self.embedding, [tf.shape(items)[0], self.dim])
+
+
+def _logits(
+    user_gmf: tf.Tensor,
+    user_mlp: tf.Tensor | None,
+    item_gmf: tf.Tensor,
+    item_mlp: tf.Tensor | None,
+    tower: Sequence[tuple[tf.Tensor, tf.Tensor]],
+    prediction: tuple[tf.Tensor, tf.Tensor],
+) -> tf.Tensor:
+    """NeuMF logits from gathered embeddings; any leading batch shape."""
+    features = user_gmf * item_gmf
+    if user_mlp is not None:
+        hidden = tf.concat([user_mlp, item_mlp], axis=-1)
+        for kernel, bias in tower:
+            hidden = tf.nn.relu(tf.tensordot(hidden, kernel, axes=1) + bias)
+        features = tf.concat([features, hidden], axis=-1)
+    kernel, bias = prediction
+    return tf.squeeze(tf.tensordot(features, kernel, axes=1) + bias, axis=-1)
+
+
+class NeuMF(tf.keras.Model):
+    """NeuMF for one client. Input: item ids `[batch]`; output: logits `[batch]`.
+
+    Layers: `global_layers` (item embeddings, tower, prediction) are shared and
+    aggregated; `local_layers` (the user's embedding rows) stay on the client.
+    """
+
+    def __init__(self, config: ModelConfig, *, seed: int | None = None, **kwargs):
+        """Builds every layer.
+
+        Args:
+          config: The model sizes.
+          seed: If given, each initializer gets a seed derived from it, so the
+            initial weights are reproducible in eager and graph mode (as inside a
+            TFF computation). None draws fresh weights.
+          **kwargs: Passed to `tf.keras.Model`.
+        """
+        super().__init__(**kwargs)
+        self.config = config
+
+        def layer_seed(i):
+            return None if seed is None else seed * 1000 + i
+
+        def embedding_init(i):
+            return tf.keras.initializers.RandomNormal(
+                stddev=EMBEDDING_STDDEV, seed=layer_seed(i)
+            )
+
+        self.user_gmf = UserEmbedding(
+            config.gmf_dim, seed=layer_seed(0), name='user_gmf'
+        )
+        self.item_gmf = tf.keras.layers.Embedding(
+            config.num_items,
+            config.gmf_dim,
+            embeddings_initializer=embedding_init(1),
+            name='item_gmf',
+        )
+        self.user_gmf.build((None,))
+        self.item_gmf.build((None,))
+        self.tower = []
+        if config.use_mlp:
+            self.user_mlp = UserEmbedding(
+                config.mlp_dim, seed=layer_seed(2), name='user_mlp'
+            )
+            self.item_mlp = tf.keras.layers.Embedding(
+                config.num_items,
+                config.mlp_dim,
+                embeddings_initializer=embedding_init(3),
+                name='item_mlp',
+            )
+            self.user_mlp.build((None,))
+            self.item_mlp.build((None,))
+            fan_in = 2 * config.mlp_dim
+            for i, width in enumerate(config.mlp_layers):
+                layer = tf.keras.layers.Dense(
+                    width,
+                    kernel_initializer=tf.keras.initializers.GlorotUniform(
+                        seed=layer_seed(10 + i)
+                    ),
+                    bias_initializer='zeros',
+                    name=f'tower_{i}',
+                )
+                layer.build((None, fan_in))
+                self.tower.append(layer)
+                fan_in = width
+        # Uniform with limit sqrt(3 / fan_in): He/Kaiming-uniform with a=1.
+        self.prediction = tf.keras.layers.Dense(
+            1,
+            kernel_initializer=tf.keras.initializers.VarianceScaling(
+                scale=1.0, mode='fan_in', distribution='uniform', seed=layer_seed(4)
+            ),
+            bias_initializer='zeros',
+            name='prediction',
+        )
+        self.prediction.build((None, config.prediction_input_dim))
+        self.built = True  # Every layer is built above; no input shape needed.
+
+    @property
+    def global_layers(self) -> list[tf.keras.layers.Layer]:
+        layers = [self.item_gmf]
+        if self.config.use_mlp:
+            layers.append(self.item_mlp)
+            layers.extend(self.tower)
+        layers.append(self.prediction)
+        return layers
+
+    @property
+    def local_layers(self) -> list[tf.keras.layers.Layer]:
+        if self.config.use_mlp:
+            return [self.user_gmf, self.user_mlp]
+        return [self.user_gmf]
+
+    @property
+    def global_variables(self) -> list[tf.Variable]:
+        return [v for layer in self.global_layers for v in layer.trainable_weights]
+
+    @property
+    def local_variables(self) -> list[tf.Variable]:
+        return [v for layer in self.local_layers for v in layer.trainable_weights]
+
+    def call(self, items, training=False):
+        items = tf.cast(tf.reshape(items, [-1]), tf.int32)
+        use_mlp = self.config.use_mlp
+        return _logits(
+            self.user_gmf(items),
+            self.user_mlp(items) if use_mlp else None,
+            self.item_gmf(items),
+            self.item_mlp(items) if use_mlp else None,
+            [(layer.kernel, layer.bias) for layer in self.tower],
+            (self.prediction.kernel, self.prediction.bias),
+        )
+
+
+def build_keras_model(config: ModelConfig, *, seed: int | None = None) -> NeuMF:
+    """Builds a NeuMF with freshly initialized weights.
+
+    Args:
+      config: The model sizes.
+      seed: If given, the initial weights are a function of it.
+
+    Returns:
+      A built `NeuMF`.
+    """
+    return NeuMF(config, seed=seed)
+
+
+def _split_global_weights(config: ModelConfig, global_weights: Sequence[tf.Tensor]):
+    weights = list(global_weights)
+    item_gmf = weights.pop(0)
+    item_mlp = weights.pop(0) if config.use_mlp else None
+    tower = [
+        (weights[2 * i], weights[2 * i + 1])
+        for i in range(len(config.mlp_layers) if config.use_mlp else 0)
+    ]
+    prediction = (weights[-2], weights[-1])
+    return item_gmf, item_mlp, tower, prediction
+
+
+def score_items(
+    config: ModelConfig,
+    global_weights: Sequence[tf.Tensor],
+    local_weights: Sequence[tf.Tensor],
+    items: tf.Tensor,
+) -> tf.Tensor:
+    """Scores items for many users at once, with the same math as `NeuMF`.
+
+    Args:
+      config: The model sizes.
+      global_weights: The global weights in `NeuMF.global_variables` order.
+      local_weights: Per-user tables in `NeuMF.local_variables` order, each
+        `[num_users, dim]` (row u is user u's embedding).
+      items: `[num_users, num_candidates]` item ids.
+
+    Returns:
+      `[num_users, num_candidates]` logits.
+    """
+    item_gmf, item_mlp, tower, prediction = _split_global_weights(
+        config, global_weights
+    )
+    user_gmf = local_weights[0][:, tf.newaxis, :]
+    user_mlp = local_weights[1][:, tf.newaxis, :] if config.use_mlp else None
+    candidates = tf.shape(items)[1]
+
+    def tile(user):
+        return tf.tile(user, [1, candidates, 1])
+
+    return _logits(
+        tile(user_gmf),
+        tile(user_mlp) if config.use_mlp else None,
+        tf.gather(item_gmf, items),
+        tf.gather(item_mlp, items) if config.use_mlp else None,
+        tower,
+        prediction,
+    )
+
+
+def build_reconstruction_model(
+    config: ModelConfig, *, seed: int | None = None
+) -> tff.learning.models.ReconstructionModel:
+    """Wraps a fresh `NeuMF` in TFF's reconstruction model API.
+
+    The global layers are aggregated by the server; the local layers (the user
+    embedding) are declared local, so TFF's Federated Reconstruction and this
+    project's processes agree on what never leaves the client.
+
+    Args:
+      config: The model sizes.
+      seed: Optional seed of the initial weights.
+
+    Returns:
+      A `tff.learning.models.ReconstructionModel` whose batches are
+      `(items [batch] int32, labels [batch] float32)`.
+    """
+    model = NeuMF(config, seed=seed)
+    input_spec = (
+        tf.TensorSpec(shape=[None], dtype=tf.int32),
+        tf.TensorSpec(shape=[None], dtype=tf.float32),
+    )
+    return tff.learning.models.ReconstructionModel.from_keras_model_and_layers(
+        model,
+        global_layers=model.global_layers,
+        local_layers=model.local_layers,
+        input_spec=input_spec,
+    )

@@ -1,0 +1,207 @@
+"""Runs FedRecGEL rounds over a population of users in one process.
+
+The round itself is the TFF computation of `build_fedrecgel_process`; this
+driver samples the cohort, builds each sampled client's round batch, feeds the
+sampled users' state rows in and stores the new ones, and evaluates.
+
+Randomness is counter-based, so a checkpoint needs no generator state: the
+cohort of round r comes from TFF's uniform sampling function seeded with
+`seed` (a function of r), a client's batch from `default_rng([seed, r, user])`,
+and the initial weights from `seed`.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping
+import time
+
+import numpy as np
+import tensorflow_federated as tff
+
+from tff_fedrecgel import evaluation
+from tff_fedrecgel.algorithms import client_work as client_work_lib
+from tff_fedrecgel.algorithms import fedrecgel
+from tff_fedrecgel.data.client_data import FederatedTrainData
+from tff_fedrecgel.data.preprocess import Split
+from tff_fedrecgel.models import neumf
+from tff_fedrecgel.simulation.client_states import ClientStateTable
+
+# Reconstruct-mode evaluation draws its reconstruction batches as "round 0"
+# (training rounds are numbered from 1).
+_EVAL_ROUND = 0
+
+
+def clients_per_round_for(num_users: int, fraction: float) -> int:
+    """int(fraction * num_users), at least 1 (SPEC step 1)."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f'client fraction must be in (0, 1], got {fraction}')
+    return max(1, int(fraction * num_users))
+
+
+def _flatten(value, prefix: str = '') -> dict[str, float]:
+    """Nested metrics to {'a/b': float}; empty structures vanish."""
+    if isinstance(value, Mapping):
+        out = {}
+        for key, inner in value.items():
+            out.update(_flatten(inner, f'{prefix}{key}/'))
+        return out
+    if isinstance(value, (list, tuple)):
+        return {}
+    return {prefix[:-1]: float(np.asarray(value))}
+
+
+class FedRecSimulation:
+    """FedRecGEL (and its settings FedNCF, ablations, FedMF) in simulation."""
+
+    def __init__(
+        self,
+        *,
+        split: Split,
+        model_config: neumf.ModelConfig,
+        work: client_work_lib.ClientWorkConfig,
+        clients_per_round: int,
+        seed: int = 0,
+        server_lr: float = 0.001,
+        num_negatives: int = 4,
+        model_aggregator=None,
+    ):
+        """Builds the TFF process and the per-user data.
+
+        Args:
+          split: The preprocessed dataset.
+          model_config: The model sizes (`num_items` must match the split).
+          work: What each client does.
+          clients_per_round: Cohort size (fixed, so TFF never retraces).
+          seed: Seed of sampling, negatives and initial weights.
+          server_lr: Learning rate of the server Adam.
+          num_negatives: Training negatives per positive.
+          model_aggregator: Optional `tff.aggregators` factory for the update.
+
+        Raises:
+          ValueError: On inconsistent sizes.
+        """
+        if model_config.num_items != split.num_items:
+            raise ValueError(
+                f'model has {model_config.num_items} items, data {split.num_items}'
+            )
+        if not 1 <= clients_per_round <= split.num_users:
+            raise ValueError(
+                f'clients_per_round must be in [1, {split.num_users}], '
+                f'got {clients_per_round}'
+            )
+        self.split = split
+        self.model_config = model_config
+        self.work = work
+        self.clients_per_round = clients_per_round
+        self.seed = seed
+        self.num_negatives = num_negatives
+        self.persistent = work.local_state == 'persistent'
+        self.train_data = FederatedTrainData.from_split(split)
+        self.process = fedrecgel.build_fedrecgel_process(
+            model_config=model_config,
+            work=work,
+            server_lr=server_lr,
+            model_aggregator=model_aggregator,
+            init_seed=seed,
+        )
+        self._sample = tff.simulation.build_uniform_sampling_fn(
+            range(split.num_users), replace=False, random_seed=seed
+        )
+        self.server_state = None
+        self.client_states: ClientStateTable | None = None
+        self.round_num = 0
+
+    def initialize(self) -> None:
+        """Sets round 0: initial global weights and every user's state."""
+        self.server_state = self.process.initialize()
+        if self.persistent:
+            self.client_states = ClientStateTable.initial(
+                self.model_config, num_users=self.split.num_users, seed=self.seed
+            )
+        self.round_num = 0
+
+    def sample_clients(self, round_num: int) -> list[int]:
+        """The cohort of `round_num` (uniform, without replacement)."""
+        return [int(u) for u in self._sample(round_num, self.clients_per_round)]
+
+    def _client_data(self, users, round_num):
+        batches = self.train_data.round_batches(
+            users, seed=self.seed, round_num=round_num, num_negatives=self.num_negatives
+        )
+        return [collections.OrderedDict(items=i, labels=l) for i, l in batches]
+
+    def run_round(self) -> dict[str, float]:
+        """Runs the next round; returns its training metrics (flat floats)."""
+        if self.server_state is None:
+            raise RuntimeError('call initialize() or restore() first')
+        round_num = self.round_num + 1
+        start = time.perf_counter()
+        users = self.sample_clients(round_num)
+        data = self._client_data(users, round_num)
+        if self.persistent:
+            states = self.client_states.gather(users)
+            self.server_state, new_states, metrics = self.process.next(
+                self.server_state, states, data
+            )
+            self.client_states.scatter(users, new_states)
+        else:
+            self.server_state, metrics = self.process.next(self.server_state, data)
+        self.round_num = round_num
+        flat = _flatten(metrics)
+        flat['sharpness_global'] = flat['sam_loss_global'] - flat['loss']
+        flat['sharpness_local'] = flat['sam_loss_local'] - flat['loss']
+        flat['round_seconds'] = time.perf_counter() - start
+        return flat
+
+    @property
+    def global_weights(self) -> list[np.ndarray]:
+        return [np.asarray(w) for w in self.server_state['global_weights']]
+
+    def local_tables(self) -> list[np.ndarray]:
+        """Every user's embedding as `[num_users, dim]` tables.
+
+        Persistent mode: the stored states. Reconstruct mode: re-derived from
+        each user's training data with the current global weights.
+        """
+        if self.persistent:
+            return self.client_states.local_tables()
+        users = range(self.split.num_users)
+        batches = self.train_data.round_batches(
+            users, seed=self.seed, round_num=_EVAL_ROUND, num_negatives=self.num_negatives
+        )
+        return evaluation.reconstruct_local_tables(
+            self.model_config, self.work, self.global_weights, batches
+        )
+
+    def evaluate(self, which: str = 'test') -> dict[str, float]:
+        """HR@K and NDCG@K over all users (the fast batched path)."""
+        metrics = evaluation.evaluate_users(
+            self.model_config,
+            self.global_weights,
+            self.local_tables(),
+            self.split.candidates(which),
+        )
+        return {k: float(v) for k, v in metrics.items()}
+
+    def get_state(self) -> collections.OrderedDict:
+        """Everything needed to resume: server state, client states, round."""
+        state = collections.OrderedDict(
+            round_num=np.int64(self.round_num),
+            seed=np.int64(self.seed),
+            server_state=self.server_state,
+        )
+        if self.persistent:
+            state['client_states'] = self.client_states.to_arrays()
+        return state
+
+    def restore(self, state: Mapping) -> None:
+        """Resumes from a `get_state()` structure."""
+        if int(state['seed']) != self.seed:
+            raise ValueError(
+                f'checkpoint was made with seed {int(state["seed"])}, not {self.seed}'
+            )
+        self.server_state = state['server_state']
+        if self.persistent:
+            self.client_states = ClientStateTable(state['client_states'])
+        self.round_num = int(state['round_num'])
