@@ -26,7 +26,7 @@ $(STAMP): requirements.txt setup.py
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(PY) launch/run_default.py
+	$(PY) launch/train.py --task=synthetic --root_output_dir=runs --experiment_name=default
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

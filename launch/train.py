@@ -125,8 +125,10 @@ def _settings(task) -> dict:
         'data_dir': os.path.abspath(_data_flags.DATA_DIR.value)
         if _data_flags.DATA_DIR.value else None,
         'validation': _data_flags.VALIDATION.value,
-        'total_rounds': _TOTAL_ROUNDS.value or task.total_rounds,
-        'client_fraction': _CLIENT_FRACTION.value or task.client_fraction,
+        'total_rounds': (task.total_rounds if _TOTAL_ROUNDS.value is None
+                         else _TOTAL_ROUNDS.value),
+        'client_fraction': (task.client_fraction if _CLIENT_FRACTION.value is None
+                            else _CLIENT_FRACTION.value),
         'clients_per_round': _CLIENTS_PER_ROUND.value,
         'rho_sh': float(rho_sh),
         'rho_ns': float(rho_ns),
@@ -150,6 +152,9 @@ def main(argv: list[str]) -> int:
     """Entry point."""
     if len(argv) > 1:
         raise DataError(f'unexpected arguments: {" ".join(argv[1:])}')
+    if not flags.FLAGS['verbosity'].present:
+        # TFF and TensorFlow log every checkpoint at INFO; keep the console clean.
+        logging.set_verbosity(logging.WARNING)
     if not _TASK.value:
         raise DataError(f'--task is required; choose one of {", ".join(tasks.TASK_NAMES)}')
     task = tasks.get_task(_TASK.value)

@@ -51,11 +51,20 @@ def _update_best(best, round_num, score, test_metrics):
 class _Checkpoints:
     """Program states, falling back to an older one when the latest is bad."""
 
+    _PREFIX = 'program_state_'
+
     def __init__(self, paths: ExperimentPaths, loop: asyncio.AbstractEventLoop):
         self._loop = loop
+        self._root = paths.checkpoints
         self._manager = tff.program.FileProgramStateManager(
-            str(paths.checkpoints), keep_total=3, keep_first=False
+            str(paths.checkpoints), prefix=self._PREFIX, keep_total=3, keep_first=False
         )
+
+    def _set_aside(self, version: int) -> None:
+        """Renames an unreadable checkpoint so the round can be saved again."""
+        path = self._root / f'{self._PREFIX}{version}'
+        target = self._root / f'unreadable_{self._PREFIX}{version}_{int(time.time())}'
+        path.rename(target)
 
     def save(self, state, round_num: int) -> None:
         self._loop.run_until_complete(self._manager.save(state, round_num))
@@ -75,8 +84,9 @@ class _Checkpoints:
                     version,
                     str(e).splitlines()[0] if str(e) else type(e).__name__,
                 )
-                print(f'warning: checkpoint of round {version} is unreadable; '
-                      'using an older one', flush=True)
+                self._set_aside(version)
+                print(f'warning: checkpoint of round {version} is unreadable '
+                      '(kept as unreadable_*); using an older one', flush=True)
         return None, 0
 
 
