@@ -17,7 +17,6 @@ a traceback (``--verbosity=1`` logs the traceback as well).
 from __future__ import annotations
 
 import atexit
-import gc
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -88,22 +87,11 @@ def run_main(main: Callable[[list[str]], Any]) -> None:
     app.run(wrapped, flags_parser=_parse_flags)
 
 
-def _shutdown_tff() -> None:
-    # Only if the program used TFF: replacing the execution context drops the
-    # old one, whose worker_binary subprocess would otherwise outlive Python.
-    tff = sys.modules.get('tensorflow_federated')
-    if tff is None:
-        return
-    try:
-        tff.backends.native.set_sync_local_cpp_execution_context()
-        gc.collect()
-    except Exception:  # pylint: disable=broad-except
-        pass  # Interpreter shutdown: nothing useful to report.
-
-
 def register_tff_shutdown() -> None:
     """Registers (once) an ``atexit`` hook that stops TFF's worker process."""
     global _shutdown_registered
     if not _shutdown_registered:
-        atexit.register(_shutdown_tff)
+        from tff_fedrecgel import runtime  # pylint: disable=g-import-not-at-top
+
+        atexit.register(runtime.shutdown_tff_workers)
         _shutdown_registered = True

@@ -1,11 +1,10 @@
 """Shared pytest fixtures.
 
 TFF's default context starts a `worker_binary` subprocess that outlives
-Python and keeps the output pipe open; the session fixture installs a fresh
-context at the end so the old one's service manager stops its worker.
+Python and keeps the output pipe open; the session fixture stops it
+(`tff_fedrecgel.runtime.shutdown_tff_workers`) so the run can never hang.
 """
 
-import gc
 import os
 import pathlib
 import sys
@@ -18,19 +17,12 @@ if str(REPO_ROOT) not in sys.path:
 import pytest  # pylint: disable=g-import-not-at-top
 
 
-def _shutdown_tff():
-    if 'tensorflow_federated' not in sys.modules:
-        return
-    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-
-    tff.backends.native.set_sync_local_cpp_execution_context()
-    gc.collect()
-
-
 @pytest.fixture(scope='session', autouse=True)
 def shutdown_tff_worker():
     yield
-    _shutdown_tff()
+    from tff_fedrecgel import runtime  # pylint: disable=g-import-not-at-top
+
+    runtime.shutdown_tff_workers()
 
 
 @pytest.fixture(scope='session')

@@ -188,6 +188,7 @@ def build_client_update_fn(model_config: neumf.ModelConfig, work: ClientWorkConf
       `update` (the global part's SAM gradient or model delta, dense),
       `weight` (its aggregation weight, 0 when the client is dropped),
       `dropped` (int32, 1 when the update or state was not finite),
+      `users` (int32, 1: the vectorized group path reports its group size),
       `client_state` (the new state; the old one when dropped; omitted in
       'reconstruct' mode), and `metrics` (loss, sam_loss_global,
       sam_loss_local, num_examples). In 'reconstruct' mode `client_state` is
@@ -331,6 +332,7 @@ def build_client_update_fn(model_config: neumf.ModelConfig, work: ClientWorkConf
                 update=[tf.where(finite, u, tf.zeros_like(u)) for u in update],
                 weight=tf.where(finite, weight, 0.0),
                 dropped=tf.cast(tf.logical_not(finite), tf.int32),
+                users=tf.constant(1, tf.int32),
             )
             if work.local_state == 'persistent':
                 new_state = collections.OrderedDict(

@@ -23,6 +23,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedrecgel.algorithms import client_work as client_work_lib
+from tff_fedrecgel.algorithms import group_client_work
 from tff_fedrecgel.models import neumf
 
 SERVER_ADAM_EPSILON = client_work_lib.ADAM_EPSILON
@@ -48,6 +49,7 @@ def build_fedrecgel_process(
         | None
     ) = None,
     init_seed: int = 0,
+    vectorized: bool = False,
 ) -> tff.templates.IterativeProcess:
     """Builds the FedRecGEL round (FedNCF and the ablations are radii settings).
 
@@ -63,6 +65,10 @@ def build_fedrecgel_process(
         was dropped. An unweighted factory (e.g. a DP one) receives the updates
         of dropped clients as zeros.
       init_seed: Seed of the initial global weights.
+      vectorized: If True, each TFF client simulates a group of users with
+        their per-user computations vectorized (`group_client_work`): client
+        states and data then carry a leading user axis. Equal to one user per
+        client up to float rounding; for simulation only.
 
     Returns:
       A `tff.templates.IterativeProcess` (see the module docstring for types).
@@ -74,10 +80,19 @@ def build_fedrecgel_process(
 
     global_specs = client_work_lib.global_weight_specs(model_config)
     global_type = tff.types.tensorflow_to_type(global_specs)
-    data_type = tff.types.tensorflow_to_type(client_work_lib.client_data_spec())
-    state_type = tff.types.tensorflow_to_type(
-        client_work_lib.client_state_spec(model_config)
-    )
+    if vectorized:
+        group_client_work.check_supported(work)
+        data_type = tff.types.tensorflow_to_type(group_client_work.group_data_spec())
+        state_type = tff.types.tensorflow_to_type(
+            group_client_work.group_state_spec(model_config)
+        )
+        update_fn = group_client_work.build_group_update_fn(model_config, work)
+    else:
+        data_type = tff.types.tensorflow_to_type(client_work_lib.client_data_spec())
+        state_type = tff.types.tensorflow_to_type(
+            client_work_lib.client_state_spec(model_config)
+        )
+        update_fn = client_work_lib.build_client_update_fn(model_config, work)
 
     weighted = isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory)
     if weighted:
@@ -108,7 +123,6 @@ def build_fedrecgel_process(
         )
 
     server_state_type = initialize_fn.type_signature.result.member
-    update_fn = client_work_lib.build_client_update_fn(model_config, work)
 
     if persistent:
 
@@ -149,9 +163,9 @@ def build_fedrecgel_process(
             round_num=round_num + 1,
         )
 
-    @tff.tensorflow.computation(np.int32)
-    def one_if_contributed(dropped):
-        return 1 - dropped
+    @tff.tensorflow.computation(np.int32, np.int32)
+    def contributed(users, dropped):
+        return users - dropped
 
     def round_body(server_state, client_states, client_data):
         weights = tff.federated_broadcast(server_state.global_weights)
@@ -167,9 +181,10 @@ def build_fedrecgel_process(
             )
         else:
             aggregated = aggregation.next(server_state.aggregator_state, outputs.update)
-        contributing = tff.federated_sum(
-            tff.federated_map(one_if_contributed, outputs.dropped)
+        client_contributing = tff.federated_map(
+            contributed, (outputs.users, outputs.dropped)
         )
+        contributing = tff.federated_sum(client_contributing)
         server = tff.federated_map(
             server_update,
             (
@@ -190,7 +205,7 @@ def build_fedrecgel_process(
         )
         client_metrics = tff.federated_mean(
             outputs.metrics,
-            weight=tff.federated_map(_contribution_weight, outputs.dropped),
+            weight=tff.federated_map(_as_float, client_contributing),
         )
         metrics = tff.federated_zip(
             collections.OrderedDict(
@@ -198,7 +213,7 @@ def build_fedrecgel_process(
                 sam_loss_global=client_metrics.sam_loss_global,
                 sam_loss_local=client_metrics.sam_loss_local,
                 examples_per_client=client_metrics.num_examples,
-                clients=tff.federated_sum(tff.federated_value(1, tff.CLIENTS)),
+                clients=tff.federated_sum(outputs.users),
                 dropped_clients=tff.federated_sum(outputs.dropped),
                 aggregation=aggregated.measurements,
             )
@@ -227,5 +242,5 @@ def build_fedrecgel_process(
 
 
 @tff.tensorflow.computation(np.int32)
-def _contribution_weight(dropped):
-    return 1.0 - tf.cast(dropped, tf.float32)
+def _as_float(count):
+    return tf.cast(count, tf.float32)

@@ -4,7 +4,7 @@ One model instance represents one client: the local layers hold that client's
 user embedding rows (one row each), the global layers hold everything the
 server aggregates (item embedding tables, MLP tower, prediction layer).
 
-The forward math lives in `_logits`, shared by the Keras model and by
+The forward math lives in `neumf_logits`, shared by the Keras model and by
 `score_items`, the batched scorer used to evaluate every user at once.
 """
 
@@ -85,7 +85,14 @@ class UserEmbedding(tf.keras.layers.Layer):
         return tf.broadcast_to(self.embedding, [tf.shape(items)[0], self.dim])
 
 
-def _logits(
+def _linear(x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
+    """x @ kernel + bias; a rank-3 kernel `[G, in, out]` is one per user."""
+    if len(kernel.shape) == 3:
+        return tf.einsum('gli,gio->glo', x, kernel) + bias[:, tf.newaxis, :]
+    return tf.tensordot(x, kernel, axes=1) + bias
+
+
+def neumf_logits(
     user_gmf: tf.Tensor,
     user_mlp: tf.Tensor | None,
     item_gmf: tf.Tensor,
@@ -93,15 +100,20 @@ def _logits(
     tower: Sequence[tuple[tf.Tensor, tf.Tensor]],
     prediction: tuple[tf.Tensor, tf.Tensor],
 ) -> tf.Tensor:
-    """NeuMF logits from gathered embeddings; any leading batch shape."""
+    """NeuMF logits from gathered embeddings; any leading batch shape.
+
+    The dense weights are either shared or, with a leading user axis (rank-3
+    kernels, inputs `[G, L, ...]`), one copy per user, as the vectorized
+    client work needs for per-user SAM perturbations.
+    """
     features = user_gmf * item_gmf
     if user_mlp is not None:
         hidden = tf.concat([user_mlp, item_mlp], axis=-1)
         for kernel, bias in tower:
-            hidden = tf.nn.relu(tf.tensordot(hidden, kernel, axes=1) + bias)
+            hidden = tf.nn.relu(_linear(hidden, kernel, bias))
         features = tf.concat([features, hidden], axis=-1)
     kernel, bias = prediction
-    return tf.squeeze(tf.tensordot(features, kernel, axes=1) + bias, axis=-1)
+    return tf.squeeze(_linear(features, kernel, bias), axis=-1)
 
 
 class NeuMF(tf.keras.Model):
@@ -207,7 +219,7 @@ class NeuMF(tf.keras.Model):
     def call(self, items, training=False):
         items = tf.cast(tf.reshape(items, [-1]), tf.int32)
         use_mlp = self.config.use_mlp
-        return _logits(
+        return neumf_logits(
             self.user_gmf(items),
             self.user_mlp(items) if use_mlp else None,
             self.item_gmf(items),
@@ -230,7 +242,8 @@ def build_keras_model(config: ModelConfig, *, seed: int | None = None) -> NeuMF:
     return NeuMF(config, seed=seed)
 
 
-def _split_global_weights(config: ModelConfig, global_weights: Sequence[tf.Tensor]):
+def split_global_weights(config: ModelConfig, global_weights: Sequence[tf.Tensor]):
+    """(item_gmf, item_mlp or None, [(kernel, bias)] tower, (kernel, bias))."""
     weights = list(global_weights)
     item_gmf = weights.pop(0)
     item_mlp = weights.pop(0) if config.use_mlp else None
@@ -260,7 +273,7 @@ def score_items(
     Returns:
       `[num_users, num_candidates]` logits.
     """
-    item_gmf, item_mlp, tower, prediction = _split_global_weights(
+    item_gmf, item_mlp, tower, prediction = split_global_weights(
         config, global_weights
     )
     user_gmf = local_weights[0][:, tf.newaxis, :]
@@ -270,7 +283,7 @@ def score_items(
     def tile(user):
         return tf.tile(user, [1, candidates, 1])
 
-    return _logits(
+    return neumf_logits(
         tile(user_gmf),
         tile(user_mlp) if config.use_mlp else None,
         tf.gather(item_gmf, items),

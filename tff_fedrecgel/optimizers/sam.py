@@ -201,10 +201,12 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
                     'pass var_list as {group: variables} with several groups'
                 )
             var_list = {next(iter(self.rho)): list(var_list)}
+        missing = [name for name in var_list if name not in self.base_optimizers]
+        if missing:
+            # Checked before any update, so a failed call changes nothing.
+            raise ValueError(f'no base optimizer for variable groups {missing}')
         result = self.sam_gradients(loss, var_list)
         for name, variables in var_list.items():
-            if name not in self.base_optimizers:
-                raise ValueError(f'no base optimizer for variable group {name!r}')
             self.base_optimizers[name].apply_gradients(
                 zip(result.gradients[name], variables)
             )

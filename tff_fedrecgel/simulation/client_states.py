@@ -85,6 +85,24 @@ class ClientStateTable:
                 table[u] = value
             self.adam_step[u] = state['adam_step']
 
+    def gather_stacked(self, users: Sequence[int]) -> collections.OrderedDict:
+        """The states of `users` stacked on a leading user axis (`[G, dim]`)."""
+        index = np.asarray(users, np.int64)
+        return collections.OrderedDict(
+            local_weights=[w[index, 0, :] for w in self.local_weights],
+            adam_step=self.adam_step[index],
+            adam_m=[m[index, 0, :] for m in self.adam_m],
+            adam_v=[v[index, 0, :] for v in self.adam_v],
+        )
+
+    def scatter_stacked(self, users: Sequence[int], state: Mapping) -> None:
+        """Stores a group's new states (the `gather_stacked` layout)."""
+        index = np.asarray(users, np.int64)
+        for name in ('local_weights', 'adam_m', 'adam_v'):
+            for table, value in zip(getattr(self, name), state[name]):
+                table[index, 0, :] = value
+        self.adam_step[index] = state['adam_step']
+
     def local_tables(self) -> list[np.ndarray]:
         """The user embeddings as `[num_users, dim]` tables, for evaluation."""
         return [w[:, 0, :] for w in self.local_weights]

@@ -22,6 +22,7 @@ import tensorflow_federated as tff
 from tff_fedrecgel import evaluation
 from tff_fedrecgel.algorithms import client_work as client_work_lib
 from tff_fedrecgel.algorithms import fedrecgel
+from tff_fedrecgel.algorithms import group_client_work
 from tff_fedrecgel.data.client_data import FederatedTrainData
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.models import neumf
@@ -65,6 +66,8 @@ class FedRecSimulation:
         server_lr: float = 0.001,
         num_negatives: int = 4,
         model_aggregator=None,
+        vectorized: bool = False,
+        max_group_examples: int = 65536,
     ):
         """Builds the TFF process and the per-user data.
 
@@ -77,6 +80,12 @@ class FedRecSimulation:
           server_lr: Learning rate of the server Adam.
           num_negatives: Training negatives per positive.
           model_aggregator: Optional `tff.aggregators` factory for the update.
+          vectorized: Simulate several users per TFF client, vectorized
+            (equal to one user per client up to float rounding; persistent
+            state and gradient updates only).
+          max_group_examples: With `vectorized`, a group's padded size
+            (users x longest batch) stays under this unless one user alone
+            exceeds it; bounds memory.
 
         Raises:
           ValueError: On inconsistent sizes.
@@ -97,6 +106,12 @@ class FedRecSimulation:
         self.seed = seed
         self.num_negatives = num_negatives
         self.persistent = work.local_state == 'persistent'
+        if vectorized:
+            group_client_work.check_supported(work)
+        if max_group_examples < 1:
+            raise ValueError('max_group_examples must be positive')
+        self.vectorized = vectorized
+        self.max_group_examples = max_group_examples
         self.train_data = FederatedTrainData.from_split(split)
         self.process = fedrecgel.build_fedrecgel_process(
             model_config=model_config,
@@ -104,6 +119,7 @@ class FedRecSimulation:
             server_lr=server_lr,
             model_aggregator=model_aggregator,
             init_seed=seed,
+            vectorized=vectorized,
         )
         self._sample = tff.simulation.build_uniform_sampling_fn(
             range(split.num_users), replace=False, random_seed=seed
@@ -125,11 +141,37 @@ class FedRecSimulation:
         """The cohort of `round_num` (uniform, without replacement)."""
         return [int(u) for u in self._sample(round_num, self.clients_per_round)]
 
-    def _client_data(self, users, round_num):
-        batches = self.train_data.round_batches(
+    def _batches(self, users, round_num):
+        return self.train_data.round_batches(
             users, seed=self.seed, round_num=round_num, num_negatives=self.num_negatives
         )
-        return [collections.OrderedDict(items=i, labels=l) for i, l in batches]
+
+    def _groups(self, users, batches):
+        """Splits a cohort into groups of similar batch length under the budget."""
+        order = sorted(range(len(users)), key=lambda i: (-len(batches[i][0]), users[i]))
+        groups, current, longest = [], [], 0
+        for i in order:
+            length = max(len(batches[i][0]), 1)
+            longest_if_added = max(longest, length)
+            if current and longest_if_added * (len(current) + 1) > self.max_group_examples:
+                groups.append(current)
+                current, longest_if_added = [], length
+            current.append(i)
+            longest = longest_if_added
+        groups.append(current)
+        return groups
+
+    def _run_vectorized(self, users, batches):
+        groups = self._groups(users, batches)
+        members = [[users[i] for i in group] for group in groups]
+        states = [self.client_states.gather_stacked(m) for m in members]
+        data = [group_client_work.pad_batches([batches[i] for i in g]) for g in groups]
+        self.server_state, new_states, metrics = self.process.next(
+            self.server_state, states, data
+        )
+        for m, state in zip(members, new_states):
+            self.client_states.scatter_stacked(m, state)
+        return metrics
 
     def run_round(self) -> dict[str, float]:
         """Runs the next round; returns its training metrics (flat floats)."""
@@ -138,15 +180,19 @@ class FedRecSimulation:
         round_num = self.round_num + 1
         start = time.perf_counter()
         users = self.sample_clients(round_num)
-        data = self._client_data(users, round_num)
-        if self.persistent:
-            states = self.client_states.gather(users)
-            self.server_state, new_states, metrics = self.process.next(
-                self.server_state, states, data
-            )
-            self.client_states.scatter(users, new_states)
+        batches = self._batches(users, round_num)
+        if self.vectorized:
+            metrics = self._run_vectorized(users, batches)
         else:
-            self.server_state, metrics = self.process.next(self.server_state, data)
+            data = [collections.OrderedDict(items=i, labels=l) for i, l in batches]
+            if self.persistent:
+                states = self.client_states.gather(users)
+                self.server_state, new_states, metrics = self.process.next(
+                    self.server_state, states, data
+                )
+                self.client_states.scatter(users, new_states)
+            else:
+                self.server_state, metrics = self.process.next(self.server_state, data)
         self.round_num = round_num
         flat = _flatten(metrics)
         flat['sharpness_global'] = flat['sam_loss_global'] - flat['loss']
@@ -167,9 +213,7 @@ class FedRecSimulation:
         if self.persistent:
             return self.client_states.local_tables()
         users = range(self.split.num_users)
-        batches = self.train_data.round_batches(
-            users, seed=self.seed, round_num=_EVAL_ROUND, num_negatives=self.num_negatives
-        )
+        batches = self._batches(users, _EVAL_ROUND)
         return evaluation.reconstruct_local_tables(
             self.model_config, self.work, self.global_weights, batches
         )

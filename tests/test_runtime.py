@@ -1,0 +1,62 @@
+"""TFF's worker process never outlives a program (CI reads pipes to the end)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_RUN_COMPUTATION = textwrap.dedent('''
+    import os, sys
+    os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'
+    sys.path.insert(0, {repo!r})
+    import numpy as np
+    import tensorflow_federated as tff
+    from tff_fedrecgel import runtime
+
+    @tff.tensorflow.computation(np.int32)
+    def add_one(x):
+        return x + 1
+
+    assert add_one(1) == 2
+    print('workers while running:', len(runtime.worker_pids()), flush=True)
+''')
+
+
+def _run_piped(code):
+    """Runs code with stdout piped; returns its output or fails on a hang."""
+    proc = subprocess.Popen(
+        [sys.executable, '-c', code], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+        start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.communicate()
+        raise AssertionError('the output pipe stayed open: a worker leaked')
+    return proc.returncode, out
+
+
+def test_shutdown_stops_the_worker():
+    """After shutdown_tff_workers no worker is left and the pipe closes."""
+    code = _RUN_COMPUTATION.format(repo=REPO) + textwrap.dedent('''
+        runtime.shutdown_tff_workers()
+        print('workers after shutdown:', len(runtime.worker_pids()), flush=True)
+    ''')
+    returncode, out = _run_piped(code)
+    assert returncode == 0, out
+    assert 'workers while running: 1' in out
+    assert 'workers after shutdown: 0' in out
+
+
+def test_entry_point_hook_closes_the_pipe():
+    """An entry point's atexit hook stops the worker without explicit calls."""
+    code = _RUN_COMPUTATION.format(repo=REPO) + textwrap.dedent('''
+        from launch import _entry
+        _entry.register_tff_shutdown()
+    ''')
+    returncode, out = _run_piped(code)
+    assert returncode == 0, out
+    assert 'workers while running: 1' in out

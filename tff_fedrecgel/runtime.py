@@ -1,0 +1,82 @@
+"""Stopping TFF's worker process, so nothing outlives the program.
+
+Executing a TFF computation with the default context starts a `worker_binary`
+subprocess (TFF's C++ executor service). It inherits stdout/stderr and
+outlives Python unless its service manager is garbage-collected while the
+interpreter is still whole, so a runner reading the output pipe to its end
+(CI, pytest -s, `cmd | tail`) would hang. `shutdown_tff_workers` installs a
+fresh context (the old one's manager then stops its worker when collected)
+and, for workers whose manager is still referenced somewhere, stops this
+process's remaining `worker_binary` children directly.
+"""
+
+import gc
+import os
+import signal
+import sys
+import time
+
+_WORKER_NAME = 'worker_binary'
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    try:
+        for task in os.listdir(f'/proc/{pid}/task'):
+            with open(f'/proc/{pid}/task/{task}/children') as f:
+                children.extend(int(c) for c in f.read().split())
+    except OSError:
+        pass
+    return children
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            return _WORKER_NAME.encode() in f.read().split(b'\0')[0]
+    except OSError:
+        return False
+
+
+def worker_pids() -> list[int]:
+    """The TFF worker processes started by this process."""
+    return [pid for pid in _children(os.getpid()) if _is_worker(pid)]
+
+
+def _wait_gone(pids, timeout):
+    deadline = time.monotonic() + timeout
+    remaining = list(pids)
+    while remaining and time.monotonic() < deadline:
+        for pid in list(remaining):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done == pid:
+                remaining.remove(pid)
+        if remaining:
+            time.sleep(0.02)
+    return remaining
+
+
+def shutdown_tff_workers() -> None:
+    """Stops every TFF worker this process started (no-op without TFF)."""
+    tff = sys.modules.get('tensorflow_federated')
+    if tff is not None:
+        try:
+            tff.backends.native.set_sync_local_cpp_execution_context()
+        except Exception:  # pylint: disable=broad-except
+            pass  # Interpreter shutting down; fall through to the direct stop.
+        gc.collect()
+    pids = worker_pids()
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGINT)  # What TFF's own manager sends.
+        except ProcessLookupError:
+            pass
+    for pid in _wait_gone(pids, timeout=5.0):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _wait_gone(pids, timeout=5.0)
