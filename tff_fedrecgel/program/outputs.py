@@ -19,7 +19,8 @@ from typing import Any
 
 # Settings that may change between a run and its resumption.
 RESUMABLE_CHANGES = frozenset(
-    {'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint', 'progress'}
+    {'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint', 'progress',
+     'simulation', 'max_group_examples'}
 )
 
 
