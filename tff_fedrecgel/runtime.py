@@ -38,6 +38,45 @@ def _is_worker(pid: int) -> bool:
         return False
 
 
+def _vm_hwm_kb(pid: int) -> int:
+    try:
+        with open(f'/proc/{pid}/status') as f:
+            for line in f:
+                if line.startswith('VmHWM:'):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _descendants(pid: int) -> list[int]:
+    out = []
+    for child in _children(pid):
+        out.append(child)
+        out.extend(_descendants(child))
+    return out
+
+
+def peak_rss_mb() -> float:
+    """High-water resident memory of this process plus its children (MB).
+
+    TFF's worker process does the computation, so its memory counts too.
+    """
+    pid = os.getpid()
+    return sum(_vm_hwm_kb(p) for p in [pid, *_descendants(pid)]) / 1024
+
+
+def reset_peak_rss() -> None:
+    """Restarts the high-water marks of `peak_rss_mb` (Linux clear_refs)."""
+    pid = os.getpid()
+    for p in [pid, *_descendants(pid)]:
+        try:
+            with open(f'/proc/{p}/clear_refs', 'w') as f:
+                f.write('5')
+        except OSError:
+            pass
+
+
 def worker_pids() -> list[int]:
     """The TFF worker processes started by this process."""
     return [pid for pid in _children(os.getpid()) if _is_worker(pid)]

@@ -120,6 +120,12 @@ class SyntheticTruth:
         return self.item_log_popularity[items] + score / self.temperature
 
 
+# Largest users x items block drawn at once (float64 logits: 128 MB).
+_BLOCK_ENTRIES = 1 << 24
+# Above this many users x items, the one-pass approximate draw is used.
+_EXACT_LIMIT = 1 << 26
+
+
 def _interaction_counts(config: SyntheticConfig,
                         rng: np.random.Generator) -> np.ndarray:
     extra_mean = config.mean_interactions - config.min_interactions
@@ -133,6 +139,83 @@ def _interaction_counts(config: SyntheticConfig,
         cap = min(cap, config.num_items - 100)
     cap = max(config.min_interactions, cap)
     return np.minimum(config.min_interactions + extra.astype(np.int64), cap)
+
+
+def _draw_exact(config, rng, counts, start, drift, items_v, log_pop):
+    """Sequential draws: step t uses the user's preference at t / count."""
+    u, i = len(counts), len(log_pop)
+    picks = np.empty((u, int(counts.max())), dtype=np.int64)
+    # Users in blocks, so memory stays bounded for large populations (a
+    # small population is one block).
+    block = max(1, _BLOCK_ENTRIES // i)
+    for lo in range(0, u, block):
+        hi = min(u, lo + block)
+        chosen = np.zeros((hi - lo, i), dtype=bool)
+        block_counts = counts[lo:hi]
+        for step in range(int(block_counts.max())):
+            active = np.flatnonzero(block_counts > step)
+            progress = (step / block_counts[active])[:, None]
+            prefs = start[lo + active] + progress * drift[lo + active]
+            logits = log_pop + prefs @ items_v.T / config.temperature
+            # Gumbel-max: one categorical draw per active user, no repeats.
+            logits = logits + rng.gumbel(size=logits.shape)
+            logits[chosen[active]] = -np.inf
+            pick = np.argmax(logits, axis=1)
+            picks[lo + active, step] = pick
+            chosen[active, pick] = True
+
+    return picks
+
+
+def _draw_large(config, rng, counts, start, drift, items_v, log_pop):
+    """One-pass draws for large populations (users x items over the limit).
+
+    Each user's candidates are proposed by popularity; Gumbel-top-k on the
+    latent score (at the user's mid-sequence preference) picks its items
+    among them, so choices still follow popularity x exp(score / T); the
+    picks are then ordered along the user's drift, so later interactions
+    lean the way the preference moves. A user whose proposals hold fewer
+    distinct items than it needs gets fewer interactions (never below the
+    minimum in practice).
+    """
+    u = len(counts)
+    cdf = np.cumsum(np.exp(log_pop))
+    cdf /= cdf[-1]
+    picks = np.full((u, int(counts.max())), -1, dtype=np.int64)
+    new_counts = counts.copy()
+    widths = 4 * counts + 64
+    lo = 0
+    while lo < u:
+        # Rows x widest row stays under the block budget.
+        hi, width = lo, 0
+        while hi < u and max(width, widths[hi]) * (hi - lo + 1) <= _BLOCK_ENTRIES // 8:
+            width = max(width, int(widths[hi]))
+            hi += 1
+        if hi == lo:
+            hi, width = lo + 1, int(widths[lo])
+        need = counts[lo:hi]
+        candidates = np.searchsorted(cdf, rng.random((hi - lo, width)))
+        candidates = np.minimum(candidates, len(cdf) - 1)
+        prefs = start[lo:hi] + 0.5 * drift[lo:hi]
+        keys = np.einsum('bd,bcd->bc', prefs, items_v[candidates]) / config.temperature
+        keys = keys + rng.gumbel(size=keys.shape)
+        # Keep one copy of each candidate: sort by item, drop repeats.
+        order = np.argsort(candidates, axis=1, kind='stable')
+        candidates = np.take_along_axis(candidates, order, 1)
+        keys = np.take_along_axis(keys, order, 1)
+        repeat = np.zeros_like(keys, dtype=bool)
+        repeat[:, 1:] = candidates[:, 1:] == candidates[:, :-1]
+        keys[repeat] = -np.inf
+        best = np.argsort(-keys, axis=1, kind='stable')
+        for row in range(hi - lo):
+            valid = best[row][np.isfinite(keys[row, best[row]])][: need[row]]
+            chosen = candidates[row, valid]
+            along = items_v[chosen] @ drift[lo + row]
+            chosen = chosen[np.argsort(along, kind='stable')]
+            picks[lo + row, : len(chosen)] = chosen
+            new_counts[lo + row] = len(chosen)
+        lo = hi
+    return picks, new_counts
 
 
 def generate_synthetic_with_truth(
@@ -168,19 +251,10 @@ def generate_synthetic_with_truth(
     drift = rng.normal(scale=config.drift / np.sqrt(d), size=(u, d))
     counts = _interaction_counts(config, rng)
 
-    chosen = np.zeros((u, i), dtype=bool)
-    picks = np.empty((u, int(counts.max())), dtype=np.int64)
-    for step in range(int(counts.max())):
-        active = np.flatnonzero(counts > step)
-        progress = (step / counts[active])[:, None]
-        prefs = start[active] + progress * drift[active]
-        logits = log_pop + prefs @ items_v.T / config.temperature
-        # Gumbel-max: one categorical draw per active user, excluding repeats.
-        logits = logits + rng.gumbel(size=logits.shape)
-        logits[chosen[active]] = -np.inf
-        pick = np.argmax(logits, axis=1)
-        picks[active, step] = pick
-        chosen[active, pick] = True
+    if u * i <= _EXACT_LIMIT:
+        picks = _draw_exact(config, rng, counts, start, drift, items_v, log_pop)
+    else:
+        picks, counts = _draw_large(config, rng, counts, start, drift, items_v, log_pop)
 
     users = np.repeat(np.arange(u, dtype=np.int64), counts)
     items = picks[np.arange(picks.shape[1])[None, :] < counts[:, None]]

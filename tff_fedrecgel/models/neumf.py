@@ -99,17 +99,25 @@ def neumf_logits(
     item_mlp: tf.Tensor | None,
     tower: Sequence[tuple[tf.Tensor, tf.Tensor]],
     prediction: tuple[tf.Tensor, tf.Tensor],
+    *,
+    first_preactivation: tf.Tensor | None = None,
 ) -> tf.Tensor:
     """NeuMF logits from gathered embeddings; any leading batch shape.
 
     The dense weights are either shared or, with a leading user axis (rank-3
     kernels, inputs `[G, L, ...]`), one copy per user, as the vectorized
-    client work needs for per-user SAM perturbations.
+    client work needs for per-user SAM perturbations. `first_preactivation`,
+    if given, replaces concat(user_mlp, item_mlp) @ kernel + bias of the first
+    tower layer (a scorer can compute it as a per-user plus a per-item part).
     """
     features = user_gmf * item_gmf
-    if user_mlp is not None:
-        hidden = tf.concat([user_mlp, item_mlp], axis=-1)
-        for kernel, bias in tower:
+    if tower:
+        layers = tower
+        if first_preactivation is None:
+            hidden = tf.concat([user_mlp, item_mlp], axis=-1)
+        else:
+            hidden, layers = tf.nn.relu(first_preactivation), tower[1:]
+        for kernel, bias in layers:
             hidden = tf.nn.relu(_linear(hidden, kernel, bias))
         features = tf.concat([features, hidden], axis=-1)
     kernel, bias = prediction
@@ -276,20 +284,23 @@ def score_items(
     item_gmf, item_mlp, tower, prediction = split_global_weights(
         config, global_weights
     )
-    user_gmf = local_weights[0][:, tf.newaxis, :]
-    user_mlp = local_weights[1][:, tf.newaxis, :] if config.use_mlp else None
-    candidates = tf.shape(items)[1]
-
-    def tile(user):
-        return tf.tile(user, [1, candidates, 1])
-
+    user_gmf = tf.tile(local_weights[0][:, tf.newaxis, :], [1, tf.shape(items)[1], 1])
+    first = None
+    if config.use_mlp:
+        # concat(u, i) @ K = u @ K_top + i @ K_bottom: each user's and each
+        # item's part once, instead of the widest layer for every pair.
+        kernel, bias = tower[0]
+        user_part = tf.matmul(local_weights[1], kernel[: config.mlp_dim])
+        item_part = tf.matmul(item_mlp, kernel[config.mlp_dim :])
+        first = user_part[:, tf.newaxis, :] + tf.gather(item_part, items) + bias
     return neumf_logits(
-        tile(user_gmf),
-        tile(user_mlp) if config.use_mlp else None,
+        user_gmf,
+        None,
         tf.gather(item_gmf, items),
-        tf.gather(item_mlp, items) if config.use_mlp else None,
+        None,
         tower,
         prediction,
+        first_preactivation=first,
     )
 
 

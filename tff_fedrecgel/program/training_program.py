@@ -22,6 +22,7 @@ import tensorflow_federated as tff
 import tqdm
 
 from tff_fedrecgel import evaluation
+from tff_fedrecgel import runtime
 from tff_fedrecgel.program import tensorboard_extras
 from tff_fedrecgel.program.outputs import ExperimentPaths
 from tff_fedrecgel.simulation import FedRecSimulation
@@ -101,6 +102,8 @@ def run_training(
     validation: bool = False,
     progress: bool = True,
     on_round_end: Callable[[int, Mapping[str, float]], None] | None = None,
+    extra_train_metrics: Callable[[int], Mapping[str, float]] | None = None,
+    extra_summary: Callable[[int], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Runs (or resumes) a simulation to `total_rounds`; returns the summary.
 
@@ -116,6 +119,9 @@ def run_training(
         the best validation HR@10 is reported too (the honest selection).
       progress: Show a progress bar.
       on_round_end: Called with (round, released metrics) after every round.
+      extra_train_metrics: Called with the round number; its values are
+        released with that round's `train/` metrics (e.g. `dp_epsilon`).
+      extra_summary: Called with the rounds run; its values join the summary.
 
     Returns:
       The summary dictionary (also written to `summary.json`).
@@ -129,14 +135,15 @@ def run_training(
         return _run(
             simulation, loop, paths, total_rounds, rounds_per_eval,
             rounds_per_checkpoint, dict(hparams or {}), validation, progress,
-            on_round_end,
+            on_round_end, extra_train_metrics, extra_summary,
         )
     finally:
         loop.close()
 
 
 def _run(simulation, loop, paths, total_rounds, rounds_per_eval,
-         rounds_per_checkpoint, hparams, validation, progress, on_round_end):
+         rounds_per_checkpoint, hparams, validation, progress, on_round_end,
+         extra_train_metrics=None, extra_summary=None):
     checkpoints = _Checkpoints(paths, loop)
     simulation.initialize()
     program_state = collections.OrderedDict(
@@ -171,6 +178,8 @@ def _run(simulation, loop, paths, total_rounds, rounds_per_eval,
     test_metrics = None
     for round_num in range(start_round, total_rounds + 1):
         train = simulation.run_round()
+        if extra_train_metrics is not None:
+            train.update(extra_train_metrics(round_num))
         train_seconds += train['round_seconds']
         released = collections.OrderedDict(train=train)
         if round_num % rounds_per_eval == 0 or round_num == total_rounds:
@@ -220,6 +229,8 @@ def _run(simulation, loop, paths, total_rounds, rounds_per_eval,
         simulation, best_test, best_valid, validation, test_metrics,
         train_seconds, eval_seconds,
     )
+    if extra_summary is not None:
+        summary.update(extra_summary(simulation.round_num))
     paths.summary.write_text(json.dumps(summary, indent=2) + '\n')
     return summary
 
@@ -251,6 +262,7 @@ def _summary(simulation, best_test, best_valid, validation, final,
     summary['seconds_per_round'] = (
         (train_seconds + eval_seconds) / rounds if rounds else math.nan)
     summary['train_seconds_per_round'] = train_seconds / rounds if rounds else math.nan
+    summary['peak_rss_mb'] = round(runtime.peak_rss_mb(), 1)
     summary['best_test'] = _best_fields('best', best_test)
     if validation:
         summary['best_valid'] = _best_fields('best_valid', best_valid)
