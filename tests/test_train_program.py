@@ -64,7 +64,7 @@ def _metrics_rows(path):
 
 def _strip_timing(summary):
     return {k: v for k, v in summary.items()
-            if 'seconds' not in k and k != 'output_dir'}
+            if 'seconds' not in k and k not in ('output_dir', 'peak_rss_mb')}
 
 
 def _read_scalars(log_dir):

@@ -5,7 +5,7 @@ subprocess (TFF's C++ executor service). It inherits stdout/stderr and
 outlives Python unless its service manager is garbage-collected while the
 interpreter is still whole, so a runner reading the output pipe to its end
 (CI, pytest -s, `cmd | tail`) would hang. `shutdown_tff_workers` installs a
-fresh context (the old one's manager then stops its worker when collected)
+inert context (the old one's manager then stops its worker when collected)
 and, for workers whose manager is still referenced somewhere, stops this
 process's remaining `worker_binary` children directly.
 """
@@ -103,7 +103,14 @@ def shutdown_tff_workers() -> None:
     tff = sys.modules.get('tensorflow_federated')
     if tff is not None:
         try:
-            tff.backends.native.set_sync_local_cpp_execution_context()
+            # An inert context replaces the executing one: its service
+            # manager stops the worker when collected, and no new manager is
+            # left to fail in its destructor at interpreter teardown.
+            from tensorflow_federated.python.core.impl.context_stack import (  # pylint: disable=g-import-not-at-top
+                runtime_error_context,
+            )
+
+            tff.framework.set_default_context(runtime_error_context.RuntimeErrorContext())
         except Exception:  # pylint: disable=broad-except
             pass  # Interpreter shutting down; fall through to the direct stop.
         gc.collect()

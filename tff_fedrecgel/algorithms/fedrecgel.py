@@ -17,6 +17,8 @@ round_num). Only the global part's update and scalar metrics reach the server.
 """
 
 import collections
+import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -37,7 +39,40 @@ def _server_optimizer_or_default(optimizer, server_lr):
     )
 
 
-def build_fedrecgel_process(
+@dataclasses.dataclass(frozen=True)
+class RoundPieces:
+    """The FedRecGEL round and the parts it is composed of.
+
+    Attributes:
+      process: The round as a `tff.templates.IterativeProcess`.
+      client_update: The one-user client work, a TF computation of
+        `(global_weights, client_state, client_data)` (persistent mode) or
+        `(global_weights, client_data)` (reconstruct mode) -> OrderedDict(
+        update, weight, dropped, users[, client_state], metrics).
+      server_update: TF computation of `(global_weights, optimizer_state,
+        round_num, mean_update, contributing)` -> OrderedDict(global_weights,
+        optimizer_state, round_num).
+      round_body: The Python function tracing one round inside a
+        `tff.federated_computation`: `(server_state@SERVER,
+        client_states@CLIENTS or None, client_data@CLIENTS)` ->
+        `(server_state@SERVER, client_states@CLIENTS or None, metrics@SERVER)`.
+      global_type: Type of the global (aggregated) weights.
+      client_state_type: Type of one client's state; None in reconstruct mode.
+      client_data_type: Type of one client's round batch.
+      server_state_type: Type of the server state (unplaced).
+    """
+
+    process: tff.templates.IterativeProcess
+    client_update: tff.Computation
+    server_update: tff.Computation
+    round_body: Callable
+    global_type: tff.Type
+    client_state_type: tff.Type | None
+    client_data_type: tff.Type
+    server_state_type: tff.Type
+
+
+def build_round_pieces(
     *,
     model_config: neumf.ModelConfig,
     work: client_work_lib.ClientWorkConfig = client_work_lib.ClientWorkConfig(),
@@ -50,8 +85,11 @@ def build_fedrecgel_process(
     ) = None,
     init_seed: int = 0,
     vectorized: bool = False,
-) -> tff.templates.IterativeProcess:
-    """Builds the FedRecGEL round (FedNCF and the ablations are radii settings).
+) -> 'RoundPieces':
+    """Builds the FedRecGEL round and hands out the parts it is made of.
+
+    `build_fedrecgel_process` returns just the process; export uses the parts
+    (with `vectorized=False`, the deployable one-user client work).
 
     Args:
       model_config: The NeuMF sizes (`use_mlp=False` gives FedMF's GMF model).
@@ -71,7 +109,7 @@ def build_fedrecgel_process(
         client up to float rounding; for simulation only.
 
     Returns:
-      A `tff.templates.IterativeProcess` (see the module docstring for types).
+      A `RoundPieces` (see the module docstring for the process's types).
     """
     server_optimizer = _server_optimizer_or_default(server_optimizer, server_lr)
     if model_aggregator is None:
@@ -238,9 +276,52 @@ def build_fedrecgel_process(
             new_state, _, metrics = round_body(server_state, None, client_data)
             return new_state, metrics
 
-    return tff.templates.IterativeProcess(initialize_fn, next_fn)
+    return RoundPieces(
+        process=tff.templates.IterativeProcess(initialize_fn, next_fn),
+        client_update=client_update,
+        server_update=server_update,
+        round_body=round_body,
+        global_type=global_type,
+        client_state_type=state_type if persistent else None,
+        client_data_type=data_type,
+        server_state_type=server_state_type,
+    )
+
+
+def build_fedrecgel_process(
+    *,
+    model_config: neumf.ModelConfig,
+    work: client_work_lib.ClientWorkConfig = client_work_lib.ClientWorkConfig(),
+    server_lr: float = 0.001,
+    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+    model_aggregator: (
+        tff.aggregators.WeightedAggregationFactory
+        | tff.aggregators.UnweightedAggregationFactory
+        | None
+    ) = None,
+    init_seed: int = 0,
+    vectorized: bool = False,
+) -> tff.templates.IterativeProcess:
+    """Builds the FedRecGEL round (FedNCF and the ablations are radii settings).
+
+    Args: as `build_round_pieces`.
+
+    Returns:
+      A `tff.templates.IterativeProcess` (see the module docstring for types).
+    """
+    return build_round_pieces(
+        model_config=model_config,
+        work=work,
+        server_lr=server_lr,
+        server_optimizer=server_optimizer,
+        model_aggregator=model_aggregator,
+        init_seed=init_seed,
+        vectorized=vectorized,
+    ).process
 
 
 @tff.tensorflow.computation(np.int32)
 def _as_float(count):
     return tf.cast(count, tf.float32)
+
+

@@ -26,6 +26,7 @@ from tff_fedrecgel.algorithms import group_client_work
 from tff_fedrecgel.data.client_data import FederatedTrainData
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.models import neumf
+from tff_fedrecgel.simulation import workers as workers_lib
 from tff_fedrecgel.simulation.client_states import ClientStateTable
 
 # Reconstruct-mode evaluation draws its reconstruction batches as "round 0"
@@ -68,6 +69,7 @@ class FedRecSimulation:
         model_aggregator=None,
         vectorized: bool = False,
         max_group_examples: int = 65536,
+        workers: str | list[str] | None = None,
     ):
         """Builds the TFF process and the per-user data.
 
@@ -86,9 +88,14 @@ class FedRecSimulation:
           max_group_examples: With `vectorized`, a group's padded size
             (users x longest batch) stays under this unless one user alone
             exceeds it; bounds memory.
+          workers: TFF worker services (`'host:port,...'` or a list) to run
+            each round on, split across them (`workers.MultiWorkerRound`);
+            None runs it in this process's local TFF context.
 
         Raises:
-          ValueError: On inconsistent sizes.
+          ValueError: On inconsistent sizes, or `model_aggregator` with
+            `workers` (only the default mean is split across workers).
+          WorkerError: If a worker does not answer.
         """
         if model_config.num_items != split.num_items:
             raise ValueError(
@@ -113,6 +120,16 @@ class FedRecSimulation:
         self.vectorized = vectorized
         self.max_group_examples = max_group_examples
         self.train_data = FederatedTrainData.from_split(split)
+        self.workers = None
+        if workers is not None:
+            # Before the slow process build: a bad worker fails fast.
+            if model_aggregator is not None:
+                raise ValueError(
+                    'a custom model_aggregator (e.g. DP) is not supported with '
+                    '--workers; only the default mean is split across workers')
+            self.workers = workers_lib.MultiWorkerRound(
+                workers=workers, model_config=model_config, work=work,
+                server_lr=server_lr, vectorized=vectorized)
         self.process = fedrecgel.build_fedrecgel_process(
             model_config=model_config,
             work=work,
@@ -121,6 +138,7 @@ class FedRecSimulation:
             init_seed=seed,
             vectorized=vectorized,
         )
+        self._next = self.workers.next if self.workers else self.process.next
         self._sample = tff.simulation.build_uniform_sampling_fn(
             range(split.num_users), replace=False, random_seed=seed
         )
@@ -130,7 +148,10 @@ class FedRecSimulation:
 
     def initialize(self) -> None:
         """Sets round 0: initial global weights and every user's state."""
-        self.server_state = self.process.initialize()
+        if self.workers is not None:
+            self.server_state = self.workers.initialize(self.process)
+        else:
+            self.server_state = self.process.initialize()
         if self.persistent:
             self.client_states = ClientStateTable.initial(
                 self.model_config, num_users=self.split.num_users, seed=self.seed
@@ -166,7 +187,7 @@ class FedRecSimulation:
         members = [[users[i] for i in group] for group in groups]
         states = [self.client_states.gather_stacked(m) for m in members]
         data = [group_client_work.pad_batches([batches[i] for i in g]) for g in groups]
-        self.server_state, new_states, metrics = self.process.next(
+        self.server_state, new_states, metrics = self._next(
             self.server_state, states, data
         )
         for m, state in zip(members, new_states):
@@ -187,12 +208,12 @@ class FedRecSimulation:
             data = [collections.OrderedDict(items=i, labels=l) for i, l in batches]
             if self.persistent:
                 states = self.client_states.gather(users)
-                self.server_state, new_states, metrics = self.process.next(
+                self.server_state, new_states, metrics = self._next(
                     self.server_state, states, data
                 )
                 self.client_states.scatter(users, new_states)
             else:
-                self.server_state, metrics = self.process.next(self.server_state, data)
+                self.server_state, metrics = self._next(self.server_state, data)
         self.round_num = round_num
         flat = _flatten(metrics)
         flat['sharpness_global'] = flat['sam_loss_global'] - flat['loss']

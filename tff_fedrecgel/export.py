@@ -1,0 +1,543 @@
+"""Exports the computations a FedRecGEL deployment needs, as TFF protos.
+
+Everything is built from the one-user client work (`client_work.py`), the
+deployable form; the vectorized group work is for simulation only and is never
+exported. `build_deployment` returns, by name:
+
+  initialize             () -> server_state@SERVER
+  next                   the round; persistent mode:
+                         (server_state@SERVER, client_states@CLIENTS,
+                         client_data@CLIENTS) -> (server_state@SERVER,
+                         client_states@CLIENTS, metrics@SERVER)
+  federated_evaluation   HR@K / NDCG@K, each device ranking its own candidates
+  client_update          device: (global_weights, client_state, client_data)
+                         -> OrderedDict(update, weight, dropped, users,
+                         client_state, metrics)
+  server_update          server: (global_weights, optimizer_state, round_num,
+                         mean_update, contributing) -> new server state parts
+  mapreduce_round        (server_state@SERVER, device_input@CLIENTS) ->
+                         (server_state@SERVER, metrics@SERVER): the round with
+                         the device's stored state read as part of its input
+  mapreduce_initialize   the unplaced initial server state (MapReduceForm)
+  mapreduce_<piece>      the `MapReduceForm` of `mapreduce_round`
+  distribute_aggregate_<piece>
+                         its `DistributeAggregateForm`
+
+`write_deployment` serializes each with `tff.framework.serialize_computation`
+to `<name>.pb`, writes the two forms' summaries and a `manifest.json` (file,
+type signature and placement side of every computation, the hyperparameters
+baked into the graphs, and the bytes each device downloads and uploads per
+round). `load_computations` reads them back.
+
+Why a separate `mapreduce_round`: `MapReduceForm` and `DistributeAggregateForm`
+let clients contribute only to aggregates, so the stateful `next` (whose result
+has CLIENTS-placed user state) cannot be compiled into them. In
+`mapreduce_round` the device reads its stored user embedding and local Adam
+state as part of its input; writing the new state back is a device-side effect
+outside the form (the device runs `client_update`, whose outputs include it).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator, Mapping
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+from tensorflow_federated.proto.v0 import computation_pb2
+
+from tff_fedrecgel import evaluation
+from tff_fedrecgel.algorithms import client_work as client_work_lib
+from tff_fedrecgel.algorithms import fedrecgel
+from tff_fedrecgel.models import neumf
+
+MANIFEST_NAME = 'manifest.json'
+MAPREDUCE_SUMMARY_NAME = 'mapreduce_form.txt'
+DISTRIBUTE_AGGREGATE_SUMMARY_NAME = 'distribute_aggregate_form.txt'
+PROTO_SUFFIX = '.pb'
+MANIFEST_FORMAT = 1
+
+# Where each computation runs. 'federated' computations span placements (only
+# their SERVER-placed parts are server-visible); 'aggregation' pieces run in
+# the aggregation tier (server side, possibly several machines).
+DEVICE = 'device'
+SERVER = 'server'
+AGGREGATION = 'aggregation'
+FEDERATED = 'federated'
+
+MAPREDUCE_PIECES = (
+    ('prepare', SERVER),
+    ('work', DEVICE),
+    ('zero', AGGREGATION),
+    ('accumulate', AGGREGATION),
+    ('merge', AGGREGATION),
+    ('report', AGGREGATION),
+    ('secure_sum_bitwidth', AGGREGATION),
+    ('secure_sum_max_input', AGGREGATION),
+    ('secure_modular_sum_modulus', AGGREGATION),
+    ('update', SERVER),
+)
+DISTRIBUTE_AGGREGATE_PIECES = (
+    ('server_prepare', FEDERATED),
+    ('server_to_client_broadcast', FEDERATED),
+    ('client_work', FEDERATED),
+    ('client_to_server_aggregation', FEDERATED),
+    ('server_result', FEDERATED),
+)
+
+_DESCRIPTIONS = {
+    'initialize': 'Initial server state (global weights, server Adam state, '
+    'aggregator state, round number).',
+    'next': 'One round as simulated: server state and the cohort\'s user '
+    'states and round batches in; new server state, new user states '
+    '(persistent mode) and metrics out.',
+    'federated_evaluation': 'Leave-one-out HR@K/NDCG@K; each device scores its '
+    'own candidates with its own embedding, the server gets the mean.',
+    'client_update': 'The device\'s round: SAM gradients at the received '
+    'global weights, local Adam step on the user embedding; returns the upload '
+    '(update, weight, dropped, users, metrics) and the new device state.',
+    'server_update': 'Server Adam step on the aggregated update (skipped when no '
+    'client contributed); round number + 1.',
+    'mapreduce_round': 'The round with the device state read as part of the '
+    'device input: (server_state@SERVER, device_input@CLIENTS) -> '
+    '(server_state@SERVER, metrics@SERVER). Compiles into the forms.',
+    'mapreduce_initialize': 'Unplaced initial server state for MapReduceForm.',
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Deployment:
+    """Everything `write_deployment` serializes.
+
+    Attributes:
+      computations: Name -> computation, in export order.
+      runs_on: Name -> DEVICE, SERVER, AGGREGATION or FEDERATED.
+      pieces: The round's parts (`fedrecgel.build_round_pieces`).
+      map_reduce_form: The `MapReduceForm` of `computations['mapreduce_round']`.
+      distribute_aggregate_form: Its `DistributeAggregateForm`.
+      hyperparameters: Everything baked into the graphs, JSON-serializable.
+      traffic: Bytes per device and round: 'download_bytes' (the broadcast),
+        'upload_bytes' (everything a device contributes to the aggregates),
+        'global_params' (floats of the dense global weights), and
+        'device_state_bytes' (what a device stores between rounds; 0 in
+        reconstruct mode).
+    """
+
+    computations: collections.OrderedDict[str, tff.Computation]
+    runs_on: dict[str, str]
+    pieces: fedrecgel.RoundPieces
+    map_reduce_form: tff.backends.mapreduce.MapReduceForm
+    distribute_aggregate_form: tff.backends.mapreduce.DistributeAggregateForm
+    hyperparameters: dict[str, Any]
+    traffic: dict[str, int]
+
+
+def device_input_type(pieces: fedrecgel.RoundPieces) -> tff.Type:
+    """The per-device input of `mapreduce_round`.
+
+    Args:
+      pieces: The round's parts.
+
+    Returns:
+      `<client_state=..., data=...>` in persistent mode (the device's stored
+      state is part of its input), the round batch type in reconstruct mode.
+    """
+    if pieces.client_state_type is None:
+        return pieces.client_data_type
+    return tff.StructType(
+        [('client_state', pieces.client_state_type), ('data', pieces.client_data_type)]
+    )
+
+
+def build_mapreduce_round(pieces: fedrecgel.RoundPieces) -> tff.Computation:
+    """The round in the shape the MapReduce forms need.
+
+    Type: `(server_state@SERVER, device_input@CLIENTS) -> (server_state@SERVER,
+    metrics@SERVER)` (see `device_input_type`). It traces the very round body of
+    `next` (same client_update, aggregator, server_update and metrics); only
+    the new client states are not returned, since these forms cannot carry
+    CLIENTS-placed results.
+
+    Args:
+      pieces: The round's parts (`fedrecgel.build_round_pieces`).
+
+    Returns:
+      A `tff.Computation`.
+    """
+    persistent = pieces.client_state_type is not None
+
+    @tff.federated_computation(
+        tff.FederatedType(pieces.server_state_type, tff.SERVER),
+        tff.FederatedType(device_input_type(pieces), tff.CLIENTS),
+    )
+    def mapreduce_round(server_state, device_input):
+        if persistent:
+            new_state, _, metrics = pieces.round_body(
+                server_state, device_input.client_state, device_input.data
+            )
+        else:
+            new_state, _, metrics = pieces.round_body(server_state, None, device_input)
+        return new_state, metrics
+
+    return mapreduce_round
+
+
+def type_bytes(type_spec: tff.Type) -> int:
+    """Bytes of the tensors in a type (placements ignored).
+
+    Args:
+      type_spec: A TFF type of fully defined tensor shapes.
+
+    Returns:
+      The total size in bytes.
+
+    Raises:
+      ValueError: If a tensor shape is not fully defined or a part is not a
+        tensor, struct or federated type.
+    """
+    if isinstance(type_spec, tff.FederatedType):
+        return type_bytes(type_spec.member)
+    if isinstance(type_spec, tff.StructType):
+        return sum(type_bytes(t) for t in type_spec)
+    if isinstance(type_spec, tff.TensorType):
+        if type_spec.shape is None or any(d is None for d in type_spec.shape):
+            raise ValueError(f'tensor size unknown: {type_spec}')
+        return np.dtype(type_spec.dtype).itemsize * math.prod(type_spec.shape)
+    raise ValueError(f'cannot size type {type_spec}')
+
+
+def _server_visible(type_spec: tff.Type, on_server: bool) -> Iterator[tff.Type]:
+    """Yields every server-visible part of `type_spec`, outermost first."""
+    if isinstance(type_spec, tff.FederatedType):
+        yield from _server_visible(
+            type_spec.member, type_spec.placement is tff.SERVER
+        )
+        return
+    if on_server:
+        yield type_spec
+    if isinstance(type_spec, tff.FunctionType):
+        if type_spec.parameter is not None:
+            yield from _server_visible(type_spec.parameter, on_server)
+        yield from _server_visible(type_spec.result, on_server)
+    elif isinstance(type_spec, tff.StructType):
+        for element in type_spec:
+            yield from _server_visible(element, on_server)
+
+
+def find_local_weights_on_server(
+    type_signature: tff.Type, *, runs_on: str, pieces: fedrecgel.RoundPieces,
+    model_config: neumf.ModelConfig,
+) -> list[str]:
+    """Server-visible parts of a signature that look like user-local weights.
+
+    A part is flagged when it is the client-state struct or a tensor shaped like
+    a user embedding row (`[1, gmf_dim]`, `[1, mlp_dim]`). Shapes that some
+    global weight also has (only with `num_items == 1`) are not flagged.
+
+    Args:
+      type_signature: The computation's type signature.
+      runs_on: DEVICE (nothing is server-visible), SERVER or AGGREGATION
+        (everything is), or FEDERATED (the SERVER-placed parts are).
+      pieces: The round's parts (for the client-state type).
+      model_config: The NeuMF sizes.
+
+    Returns:
+      One description per flagged part; empty when the signature is clean.
+    """
+    if runs_on == DEVICE:
+        return []
+    global_shapes = {
+        tuple(s.shape) for s in client_work_lib.global_weight_specs(model_config)
+    }
+    local_shapes = {
+        tuple(s.shape) for s in client_work_lib.local_weight_specs(model_config)
+    } - global_shapes
+    found = []
+    for part in _server_visible(type_signature, runs_on != FEDERATED):
+        if pieces.client_state_type is not None and part.is_equivalent_to(
+            pieces.client_state_type
+        ):
+            found.append(f'client state struct {part}')
+        elif isinstance(part, tff.TensorType) and tuple(part.shape) in local_shapes:
+            found.append(f'user-embedding-shaped tensor {part}')
+    return found
+
+
+def _hyperparameters(
+    model_config: neumf.ModelConfig,
+    work: client_work_lib.ClientWorkConfig,
+    *,
+    server_lr: float,
+    init_seed: int,
+    top_ks: tuple[int, ...],
+) -> dict[str, Any]:
+    model = dataclasses.asdict(model_config)
+    model['mlp_layers'] = list(model_config.mlp_layers)
+    return {
+        'num_items': model_config.num_items,
+        'model': model,
+        'num_global_params': model_config.num_global_params(),
+        **dataclasses.asdict(work),
+        'server_optimizer': 'adam',
+        'server_lr': server_lr,
+        'server_adam_epsilon': fedrecgel.SERVER_ADAM_EPSILON,
+        'local_optimizer': 'adam',
+        'local_adam_epsilon': client_work_lib.ADAM_EPSILON,
+        'aggregation': 'weighted mean (tff.aggregators.MeanFactory, '
+        'no_nan_division); weights per client_weighting, 0 for dropped clients',
+        'init_seed': init_seed,
+        'eval_top_ks': list(top_ks),
+    }
+
+
+def build_deployment(
+    *,
+    model_config: neumf.ModelConfig,
+    work: client_work_lib.ClientWorkConfig = client_work_lib.ClientWorkConfig(),
+    server_lr: float = 0.001,
+    init_seed: int = 0,
+    top_ks: tuple[int, ...] = evaluation.TOP_KS,
+) -> Deployment:
+    """Builds every computation of a deployment, with the MapReduce forms.
+
+    Args:
+      model_config: The NeuMF sizes.
+      work: What each device does (radii, local Adam, modes).
+      server_lr: Server Adam learning rate.
+      init_seed: Seed of the initial global weights.
+      top_ks: Cut-offs of the federated evaluation.
+
+    Returns:
+      A `Deployment`.
+
+    Raises:
+      RuntimeError: If a server-visible type carries user-local weights (a
+        privacy invariant of the algorithm; never expected).
+      tff.backends.mapreduce compilation errors: if the round does not fit the
+        forms.
+    """
+    pieces = fedrecgel.build_round_pieces(
+        model_config=model_config, work=work, server_lr=server_lr, init_seed=init_seed
+    )
+    if work.local_state == 'persistent':
+        federated_eval = evaluation.build_federated_evaluation(
+            model_config, top_ks=top_ks
+        )
+    else:
+        federated_eval = evaluation.build_federated_reconstruction_evaluation(
+            model_config, work, top_ks=top_ks
+        )
+    mapreduce_round = build_mapreduce_round(pieces)
+    mrf = tff.backends.mapreduce.get_map_reduce_form_for_computation(mapreduce_round)
+    daf = tff.backends.mapreduce.get_distribute_aggregate_form_for_computation(
+        mapreduce_round
+    )
+    computations = collections.OrderedDict(
+        initialize=pieces.process.initialize,
+        next=pieces.process.next,
+        federated_evaluation=federated_eval,
+        client_update=pieces.client_update,
+        server_update=pieces.server_update,
+        mapreduce_round=mapreduce_round,
+        mapreduce_initialize=(
+            tff.backends.mapreduce.get_state_initialization_computation(
+                pieces.process.initialize
+            )
+        ),
+    )
+    runs_on = {
+        # Its result is SERVER-placed and it takes no argument: server only.
+        'initialize': SERVER,
+        'next': FEDERATED,
+        'federated_evaluation': FEDERATED,
+        'client_update': DEVICE,
+        'server_update': SERVER,
+        'mapreduce_round': FEDERATED,
+        'mapreduce_initialize': SERVER,
+    }
+    for piece, side in MAPREDUCE_PIECES:
+        computations[f'mapreduce_{piece}'] = getattr(mrf, piece)
+        runs_on[f'mapreduce_{piece}'] = side
+    for piece, side in DISTRIBUTE_AGGREGATE_PIECES:
+        computations[f'distribute_aggregate_{piece}'] = getattr(daf, piece)
+        runs_on[f'distribute_aggregate_{piece}'] = side
+
+    leaks = {
+        name: found
+        for name, comp in computations.items()
+        if (found := find_local_weights_on_server(
+            comp.type_signature, runs_on=runs_on[name], pieces=pieces,
+            model_config=model_config))
+    }
+    if leaks:
+        raise RuntimeError(f'user-local weights in server-visible types: {leaks}')
+
+    traffic = {
+        # What `prepare` broadcasts and what `work` feeds the aggregations.
+        'download_bytes': type_bytes(mrf.prepare.type_signature.result),
+        'upload_bytes': type_bytes(mrf.work.type_signature.result),
+        'global_params': model_config.num_global_params(),
+        'device_state_bytes': (
+            0 if pieces.client_state_type is None
+            else type_bytes(pieces.client_state_type)
+        ),
+    }
+    return Deployment(
+        computations=computations,
+        runs_on=runs_on,
+        pieces=pieces,
+        map_reduce_form=mrf,
+        distribute_aggregate_form=daf,
+        hyperparameters=_hyperparameters(
+            model_config, work, server_lr=server_lr, init_seed=init_seed,
+            top_ks=tuple(top_ks),
+        ),
+        traffic=traffic,
+    )
+
+
+def _form_summary(form) -> str:
+    lines = []
+    form.summary(print_fn=lines.append)
+    return '\n'.join(lines) + '\n'
+
+
+def _description(name: str) -> str:
+    if name in _DESCRIPTIONS:
+        return _DESCRIPTIONS[name]
+    if name.startswith('mapreduce_'):
+        return f'MapReduceForm piece `{name[len("mapreduce_"):]}` of mapreduce_round.'
+    return (
+        'DistributeAggregateForm piece '
+        f'`{name[len("distribute_aggregate_"):]}` of mapreduce_round.'
+    )
+
+
+def write_deployment(
+    deployment: Deployment,
+    output_dir: str | os.PathLike,
+    *,
+    extra_hyperparameters: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Writes `<name>.pb` per computation, the form summaries and the manifest.
+
+    The manifest is written last, so its presence marks a complete export.
+
+    Args:
+      deployment: From `build_deployment`.
+      output_dir: Folder to write into (created if missing; files of the same
+        names are replaced).
+      extra_hyperparameters: Recorded in the manifest too (e.g. the task).
+
+    Returns:
+      The manifest, as written.
+
+    Raises:
+      OSError: If the folder cannot be created or written.
+    """
+    output_dir = os.fspath(output_dir)
+    os.makedirs(output_dir, exist_ok=True)
+    entries = collections.OrderedDict()
+    for name, comp in deployment.computations.items():
+        file_name = name + PROTO_SUFFIX
+        proto = tff.framework.serialize_computation(comp)
+        with open(os.path.join(output_dir, file_name), 'wb') as f:
+            f.write(proto.SerializeToString())
+        entries[name] = collections.OrderedDict(
+            file=file_name,
+            type_signature=str(comp.type_signature),
+            runs_on=deployment.runs_on[name],
+            description=_description(name),
+        )
+    for file_name, form in (
+        (MAPREDUCE_SUMMARY_NAME, deployment.map_reduce_form),
+        (DISTRIBUTE_AGGREGATE_SUMMARY_NAME, deployment.distribute_aggregate_form),
+    ):
+        with open(os.path.join(output_dir, file_name), 'w') as f:
+            f.write(_form_summary(form))
+    pieces = deployment.pieces
+    manifest = collections.OrderedDict(
+        format=MANIFEST_FORMAT,
+        tff_version=tff.__version__,
+        tensorflow_version=tf.__version__,
+        hyperparameters={**deployment.hyperparameters, **(extra_hyperparameters or {})},
+        traffic_per_device_and_round=deployment.traffic,
+        device_state=(
+            None if pieces.client_state_type is None else str(pieces.client_state_type)
+        ),
+        device_input=str(device_input_type(pieces)),
+        forms=collections.OrderedDict(
+            mapreduce=MAPREDUCE_SUMMARY_NAME,
+            distribute_aggregate=DISTRIBUTE_AGGREGATE_SUMMARY_NAME,
+        ),
+        computations=entries,
+    )
+    with open(os.path.join(output_dir, MANIFEST_NAME), 'w') as f:
+        json.dump(manifest, f, indent=2)
+        f.write('\n')
+    return manifest
+
+
+def read_manifest(output_dir: str | os.PathLike) -> dict[str, Any]:
+    """Reads an export's `manifest.json`.
+
+    Args:
+      output_dir: The export folder.
+
+    Returns:
+      The manifest.
+
+    Raises:
+      OSError: If it cannot be read.
+      ValueError: If it is not a manifest of a known format.
+    """
+    with open(os.path.join(os.fspath(output_dir), MANIFEST_NAME)) as f:
+        manifest = json.load(f)
+    if not isinstance(manifest, dict) or manifest.get('format') != MANIFEST_FORMAT:
+        raise ValueError(f'{output_dir}: not a format-{MANIFEST_FORMAT} manifest')
+    return manifest
+
+
+def read_computation(path: str | os.PathLike) -> tff.Computation:
+    """Deserializes one exported `.pb` file.
+
+    Args:
+      path: The file.
+
+    Returns:
+      The `tff.Computation`.
+
+    Raises:
+      OSError: If it cannot be read.
+      google.protobuf.message.DecodeError: If it is not a computation proto.
+    """
+    with open(path, 'rb') as f:
+        proto = computation_pb2.Computation.FromString(f.read())
+    return tff.framework.deserialize_computation(proto)
+
+
+def load_computations(
+    output_dir: str | os.PathLike,
+) -> collections.OrderedDict[str, tff.Computation]:
+    """Deserializes every computation the manifest lists.
+
+    Args:
+      output_dir: The export folder.
+
+    Returns:
+      Name -> `tff.Computation`, in manifest order.
+
+    Raises:
+      OSError, ValueError: As `read_manifest` and `read_computation`.
+    """
+    manifest = read_manifest(output_dir)
+    return collections.OrderedDict(
+        (name, read_computation(os.path.join(os.fspath(output_dir), entry['file'])))
+        for name, entry in manifest['computations'].items()
+    )
