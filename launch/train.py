@@ -7,6 +7,9 @@ Examples (from the repository root)::
         --data_dir=../shared/datasets/filmtrust
     python launch/train.py --task=filmtrust \
         --data_dir=../shared/datasets/filmtrust --algorithm=fedncf --seed=1
+    python launch/train.py --task=filmtrust \
+        --data_dir=../shared/datasets/filmtrust \
+        --workers=$(launch/start_workers.sh 2)   # docs/WORKERS.md
 
 Each task supplies the paper's settings for its dataset (SAM radii, 100
 rounds, client fraction 0.1); flags override them. Outputs go to
@@ -102,6 +105,27 @@ _MAX_GROUP_EXAMPLES = flags.DEFINE_integer(
     'max_group_examples', 65536,
     'vectorized: padded examples (users x longest batch) per TFF client.')
 _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
+_WORKERS = flags.DEFINE_string(
+    'workers', None,
+    'host:port,... of TFF worker services (launch/start_workers.sh) to split '
+    'each round across (default: this process\'s local TFF worker). Same '
+    'results; default aggregator only (docs/WORKERS.md).')
+_DP_NOISE_MULTIPLIER = flags.DEFINE_float(
+    'dp_noise_multiplier', None,
+    'User-level DP of the global update: Gaussian noise std over the L2 clip '
+    '(default: no DP; 0 clips without noise). Runs one user per TFF client.')
+_DP_CLIP = flags.DEFINE_float(
+    'dp_clip', None,
+    'DP: L2 clip of each user\'s upload; required unless --dp_adaptive_clip '
+    '(then the initial clip, default 0.1).')
+_DP_ADAPTIVE_CLIP = flags.DEFINE_bool(
+    'dp_adaptive_clip', False, 'DP: adapt the clip to the median upload norm.')
+_DP_DELTA = flags.DEFINE_float(
+    'dp_delta', None, 'DP: the delta of the reported epsilon (default 1/users).')
+_SECURE_AGGREGATION = flags.DEFINE_bool(
+    'secure_aggregation', False,
+    'Sum the uploads with TFF\'s secure sum (32-bit quantized; in simulation '
+    'this exercises the arithmetic only). Runs one user per TFF client.')
 
 
 def _settings(task) -> dict:
@@ -159,6 +183,71 @@ def _settings(task) -> dict:
     }
 
 
+def _privacy_settings(num_users: int) -> dict:
+    """The DP and secure-aggregation settings; empty when both are off."""
+    dp = _DP_NOISE_MULTIPLIER.value is not None
+    needs_dp = [f'--{f.name}' for f in (_DP_CLIP, _DP_ADAPTIVE_CLIP, _DP_DELTA)
+                if f.present]
+    if not dp and needs_dp:
+        raise ValueError(f'{", ".join(needs_dp)} needs --dp_noise_multiplier')
+    if not dp and not _SECURE_AGGREGATION.value:
+        return {}
+    if _SIMULATION.value == 'vectorized':
+        # A vectorized client uploads one mean per group of users.
+        raise ValueError(
+            'DP and secure aggregation act on each user\'s upload; drop '
+            '--simulation=vectorized (auto runs one user per TFF client)')
+    settings = {'secure_aggregation': _SECURE_AGGREGATION.value}
+    if not dp:
+        return settings
+    clip, adaptive = _DP_CLIP.value, _DP_ADAPTIVE_CLIP.value
+    delta = 1.0 / num_users if _DP_DELTA.value is None else _DP_DELTA.value
+    if _DP_NOISE_MULTIPLIER.value < 0:
+        raise ValueError('--dp_noise_multiplier must be >= 0')
+    if _CLIENT_WEIGHTING.value != 'uniform':
+        raise ValueError('user-level DP averages users unweighted; drop '
+                         '--client_weighting=num_examples')
+    if clip is None and not adaptive:
+        raise ValueError('--dp_noise_multiplier needs --dp_clip (or --dp_adaptive_clip)')
+    if clip is not None and clip <= 0:
+        raise ValueError('--dp_clip must be positive')
+    if adaptive and _SECURE_AGGREGATION.value:
+        raise ValueError('--secure_aggregation with DP needs a fixed --dp_clip; '
+                         'drop --dp_adaptive_clip')
+    if not 0 < delta < 1:
+        raise ValueError('--dp_delta must be in (0, 1)')
+    settings.update(dp_noise_multiplier=_DP_NOISE_MULTIPLIER.value, dp_clip=clip,
+                    dp_adaptive_clip=adaptive, dp_delta=delta)
+    return settings
+
+
+def _privacy_pieces(settings: dict, clients: int, num_users: int):
+    """The model aggregator and the `PrivacyReport` (None, None: plain mean)."""
+    if 'secure_aggregation' not in settings:
+        return None, None
+    from tff_fedrecgel import privacy  # pylint: disable=g-import-not-at-top
+    secure = settings['secure_aggregation']
+    if secure:
+        privacy.use_secure_simulation_context()
+    if 'dp_noise_multiplier' not in settings:
+        print('privacy: secure aggregation (simulated), no DP', flush=True)
+        return privacy.build_secure_aggregator(), None
+    aggregator = privacy.build_dp_aggregator(
+        noise_multiplier=settings['dp_noise_multiplier'], clients_per_round=clients,
+        clip=settings['dp_clip'], adaptive_clip=settings['dp_adaptive_clip'],
+        secure=secure)
+    report = privacy.PrivacyReport(
+        noise_multiplier=settings['dp_noise_multiplier'],
+        sampling_probability=clients / num_users, delta=settings['dp_delta'],
+        clip=settings['dp_clip'], adaptive_clip=settings['dp_adaptive_clip'])
+    print(f'privacy: user-level DP, noise multiplier {report.noise_multiplier}, '
+          f'clip {"adaptive" if report.adaptive_clip else report.clip}, epsilon '
+          f'{report.epsilon(settings["total_rounds"]):.3g} at delta '
+          f'{report.delta:.3g} after {settings["total_rounds"]} rounds; secure '
+          f'aggregation {"on (simulated)" if secure else "off"}', flush=True)
+    return aggregator, report
+
+
 def main(argv: list[str]) -> int:
     """Entry point."""
     if len(argv) > 1:
@@ -181,6 +270,9 @@ def main(argv: list[str]) -> int:
     split = task.load_split(
         data_dir=_data_flags.DATA_DIR.value, validation=settings['validation'],
         **_data_flags.task_options(task))
+    settings.update(_privacy_settings(split.num_users))
+    if _WORKERS.value and 'secure_aggregation' in settings:
+        raise ValueError('DP and secure aggregation are not supported with --workers')
     from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
     paths = program.prepare_experiment(
         root_output_dir=_ROOT_OUTPUT_DIR.value, experiment_name=experiment,
@@ -211,7 +303,8 @@ def main(argv: list[str]) -> int:
             '--simulation=vectorized needs --local_state=persistent and '
             '--update=gradient; use --simulation=per_user')
     vectorized = settings['simulation'] == 'vectorized' or (
-        settings['simulation'] == 'auto' and supported)
+        settings['simulation'] == 'auto' and supported
+        and 'secure_aggregation' not in settings)  # Privacy: one user per client.
     stats = split.summary()
     print(f'{task.name}: {stats["users"]:,} users, {stats["items"]:,} items, '
           f'{stats["train_interactions"]:,} training rows; {clients} clients per '
@@ -223,18 +316,22 @@ def main(argv: list[str]) -> int:
     print(f'view the curves: tensorboard --logdir {paths.tensorboard}', flush=True)
 
     start = time.perf_counter()
+    aggregator, privacy_report = _privacy_pieces(settings, clients, split.num_users)
     simulation = FedRecSimulation(
         split=split, model_config=model_config, work=work,
         clients_per_round=clients, seed=settings['seed'],
         server_lr=settings['server_lr'], vectorized=vectorized,
-        max_group_examples=settings['max_group_examples'])
+        max_group_examples=settings['max_group_examples'], model_aggregator=aggregator,
+        workers=_WORKERS.value)
     logging.info('built the TFF process in %.1f s', time.perf_counter() - start)
     summary = program.run_training(
         simulation, paths=paths, total_rounds=settings['total_rounds'],
         rounds_per_eval=settings['rounds_per_eval'],
         rounds_per_checkpoint=settings['rounds_per_checkpoint'],
         hparams=settings, validation=settings['validation'],
-        progress=_PROGRESS.value)
+        progress=_PROGRESS.value,
+        extra_train_metrics=privacy_report.round_metrics if privacy_report else None,
+        extra_summary=privacy_report.summary if privacy_report else None)
     summary['wall_seconds'] = round(time.perf_counter() - start, 1)
     summary['output_dir'] = str(paths.root)
     print(json.dumps(summary), flush=True)
