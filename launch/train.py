@@ -39,18 +39,11 @@ from absl import flags
 from absl import logging
 
 import tasks
+from launch import _algorithm_flags as algo
 from launch import _data_flags
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-ALGORITHMS = ('fedrecgel', 'fedncf', 'sam_global', 'sam_local', 'fedmf')
-
-_TASK = flags.DEFINE_enum('task', None, tasks.TASK_NAMES, 'Dataset task.')
-_ALGORITHM = flags.DEFINE_enum(
-    'algorithm', 'fedrecgel', ALGORITHMS,
-    'fedrecgel: SAM with the task radii; fedncf: no SAM; sam_global / '
-    'sam_local: SAM on the global or local part only (ablations); fedmf: the '
-    'GMF-only model without SAM.')
 _ROOT_OUTPUT_DIR = flags.DEFINE_string(
     'root_output_dir', 'runs', 'Root folder of all experiments.')
 _EXPERIMENT_NAME = flags.DEFINE_string(
@@ -63,38 +56,10 @@ _CLIENT_FRACTION = flags.DEFINE_float(
     'Fraction of users sampled per round (default: the task\'s, 0.1).')
 _CLIENTS_PER_ROUND = flags.DEFINE_integer(
     'clients_per_round', None, 'Cohort size; overrides --client_fraction.')
-_RHO_SH = flags.DEFINE_float(
-    'rho_sh', None, 'SAM radius of the global (item) part (default: task\'s).')
-_RHO_NS = flags.DEFINE_float(
-    'rho_ns', None, 'SAM radius of the local (user) part (default: task\'s).')
-_LOCAL_LR = flags.DEFINE_float(
-    'local_lr', 0.1, 'Learning rate of the client Adam on the user embedding.')
-_SERVER_LR = flags.DEFINE_float('server_lr', 0.001, 'Server Adam learning rate.')
-_LOCAL_STATE = flags.DEFINE_enum(
-    'local_state', 'persistent', ['persistent', 'reconstruct'],
-    'persistent: each user keeps its embedding and Adam state across rounds; '
-    'reconstruct: nothing is kept, the embedding is re-derived every round.')
-_RECONSTRUCTION_STEPS = flags.DEFINE_integer(
-    'reconstruction_steps', 5, 'Adam steps of the reconstruct mode.')
-_LOSS_REDUCTION = flags.DEFINE_enum(
-    'loss_reduction', 'chunk_sum', ['chunk_sum', 'mean'],
-    'chunk_sum: sum of the mean loss of 128-example chunks (the authors\'); '
-    'mean: the plain mean.')
-_UPDATE = flags.DEFINE_enum(
-    'update', 'gradient', ['gradient', 'model_delta'],
-    'gradient: clients upload the SAM gradient (the authors\'); model_delta: '
-    'clients run --local_epochs of SAM steps and upload the weight change.')
-_LOCAL_EPOCHS = flags.DEFINE_integer('local_epochs', 1, 'model_delta: epochs.')
-_CLIENT_LR = flags.DEFINE_float('client_lr', 0.01, 'model_delta: client SGD rate.')
-_CLIENT_WEIGHTING = flags.DEFINE_enum(
-    'client_weighting', 'uniform', ['uniform', 'num_examples'],
-    'Aggregation weights: uniform (the authors\') or by examples.')
 _ROUNDS_PER_EVAL = flags.DEFINE_integer(
     'rounds_per_eval', 1, 'Evaluate all users every this many rounds.')
 _ROUNDS_PER_CHECKPOINT = flags.DEFINE_integer(
     'rounds_per_checkpoint', 10, 'Checkpoint every this many rounds (0: never).')
-_SEED = flags.DEFINE_integer(
-    'seed', 0, 'Seed of initial weights, client sampling and negatives.')
 _SIMULATION = flags.DEFINE_enum(
     'simulation', 'auto', ['auto', 'vectorized', 'per_user'],
     'per_user: one user per TFF client (the deployable form); vectorized: '
@@ -130,31 +95,12 @@ _SECURE_AGGREGATION = flags.DEFINE_bool(
 
 def _settings(task) -> dict:
     """All settings of the run, from the task's defaults and the flags."""
-    algorithm = _ALGORITHM.value
-    rho_sh = task.rho_sh if _RHO_SH.value is None else _RHO_SH.value
-    rho_ns = task.rho_ns if _RHO_NS.value is None else _RHO_NS.value
-    forced = {
-        'fedncf': (0.0, 0.0), 'fedmf': (0.0, 0.0),
-        'sam_global': (None, 0.0), 'sam_local': (0.0, None),
-    }.get(algorithm)
-    if forced:
-        for name, holder, value in (('rho_sh', _RHO_SH, forced[0]),
-                                    ('rho_ns', _RHO_NS, forced[1])):
-            if value is None:
-                continue
-            if holder.present and holder.value != value:
-                raise ValueError(
-                    f'--algorithm={algorithm} sets --{name}={value}; '
-                    f'drop --{name}={holder.value}')
-            if name == 'rho_sh':
-                rho_sh = value
-            else:
-                rho_ns = value
+    rho_sh, rho_ns = algo.radii(task)
     if _CLIENTS_PER_ROUND.present and _CLIENT_FRACTION.present:
         raise ValueError('give --clients_per_round or --client_fraction, not both')
     return {
         'task': task.name,
-        'algorithm': algorithm,
+        'algorithm': algo.ALGORITHM.value,
         'data_dir': os.path.abspath(_data_flags.DATA_DIR.value)
         if _data_flags.DATA_DIR.value else None,
         'validation': _data_flags.VALIDATION.value,
@@ -165,18 +111,18 @@ def _settings(task) -> dict:
         'clients_per_round': _CLIENTS_PER_ROUND.value,
         'rho_sh': float(rho_sh),
         'rho_ns': float(rho_ns),
-        'local_lr': _LOCAL_LR.value,
-        'server_lr': _SERVER_LR.value,
-        'local_state': _LOCAL_STATE.value,
-        'reconstruction_steps': _RECONSTRUCTION_STEPS.value,
-        'loss_reduction': _LOSS_REDUCTION.value,
-        'update': _UPDATE.value,
-        'local_epochs': _LOCAL_EPOCHS.value,
-        'client_lr': _CLIENT_LR.value,
-        'client_weighting': _CLIENT_WEIGHTING.value,
+        'local_lr': algo.LOCAL_LR.value,
+        'server_lr': algo.SERVER_LR.value,
+        'local_state': algo.LOCAL_STATE.value,
+        'reconstruction_steps': algo.RECONSTRUCTION_STEPS.value,
+        'loss_reduction': algo.LOSS_REDUCTION.value,
+        'update': algo.UPDATE.value,
+        'local_epochs': algo.LOCAL_EPOCHS.value,
+        'client_lr': algo.CLIENT_LR.value,
+        'client_weighting': algo.CLIENT_WEIGHTING.value,
         'rounds_per_eval': _ROUNDS_PER_EVAL.value,
         'rounds_per_checkpoint': _ROUNDS_PER_CHECKPOINT.value,
-        'seed': _SEED.value,
+        'seed': algo.SEED.value,
         'simulation': _SIMULATION.value,
         'max_group_examples': _MAX_GROUP_EXAMPLES.value,
         **{f'data_{k}': v for k, v in _data_flags.task_options(task).items()},
@@ -204,7 +150,7 @@ def _privacy_settings(num_users: int) -> dict:
     delta = 1.0 / num_users if _DP_DELTA.value is None else _DP_DELTA.value
     if _DP_NOISE_MULTIPLIER.value < 0:
         raise ValueError('--dp_noise_multiplier must be >= 0')
-    if _CLIENT_WEIGHTING.value != 'uniform':
+    if algo.CLIENT_WEIGHTING.value != 'uniform':
         raise ValueError('user-level DP averages users unweighted; drop '
                          '--client_weighting=num_examples')
     if clip is None and not adaptive:
@@ -255,9 +201,9 @@ def main(argv: list[str]) -> int:
     if not flags.FLAGS['verbosity'].present:
         # TFF and TensorFlow log every checkpoint at INFO; keep the console clean.
         logging.set_verbosity(logging.WARNING)
-    if not _TASK.value:
+    if not algo.TASK.value:
         raise DataError(f'--task is required; choose one of {", ".join(tasks.TASK_NAMES)}')
-    task = tasks.get_task(_TASK.value)
+    task = tasks.get_task(algo.TASK.value)
     settings = _settings(task)
     if settings['total_rounds'] < 1 or settings['rounds_per_eval'] < 1:
         raise ValueError('--total_rounds and --rounds_per_eval must be >= 1')
@@ -278,25 +224,13 @@ def main(argv: list[str]) -> int:
         root_output_dir=_ROOT_OUTPUT_DIR.value, experiment_name=experiment,
         hparams=settings)
 
-    from tff_fedrecgel.algorithms import ClientWorkConfig  # pylint: disable=g-import-not-at-top
-    from tff_fedrecgel.models import ModelConfig  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel.simulation import FedRecSimulation  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel.simulation.simulation import clients_per_round_for  # pylint: disable=g-import-not-at-top
 
     clients = settings['clients_per_round'] or clients_per_round_for(
         split.num_users, settings['client_fraction'])
-    if settings['algorithm'] == 'fedmf':
-        model_config = ModelConfig(num_items=split.num_items, use_mlp=False, mlp_layers=())
-    else:
-        model_config = ModelConfig(num_items=split.num_items)
-    work = ClientWorkConfig(
-        rho_sh=settings['rho_sh'], rho_ns=settings['rho_ns'],
-        local_lr=settings['local_lr'], loss_reduction=settings['loss_reduction'],
-        local_state=settings['local_state'],
-        reconstruction_steps=settings['reconstruction_steps'],
-        update=settings['update'], local_epochs=settings['local_epochs'],
-        client_lr=settings['client_lr'],
-        client_weighting=settings['client_weighting'])
+    model_config = algo.model_config(split.num_items)
+    work = algo.client_work_config(task)
     supported = work.local_state == 'persistent' and work.update == 'gradient'
     if settings['simulation'] == 'vectorized' and not supported:
         raise ValueError(
