@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TFF_VERSION := 0.87.0
-export TF_CPP_MIN_LOG_LEVEL ?= 2
+export TF_CPP_MIN_LOG_LEVEL ?= 3
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: run test venv clean-venv benchmark

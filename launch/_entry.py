@@ -38,8 +38,13 @@ _shutdown_registered = False
 
 
 def setup_environment() -> None:
-    """Quietens TensorFlow's C++ logging; call before importing TensorFlow."""
-    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    """Quietens TensorFlow's C++ logging; call before importing TensorFlow.
+
+    Level 3 also hides the harmless CUDA plugin registration errors that
+    TensorFlow prints at import on a machine without GPUs; set
+    TF_CPP_MIN_LOG_LEVEL=0 to see everything.
+    """
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 
 def one_line(message: object) -> str:

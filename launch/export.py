@@ -30,9 +30,8 @@ if __package__ in (None, ''):
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from launch import _entry
 
-# Compiling the MapReduce forms makes Grappler log harmless C++ errors
-# ("Failed to detect the fetch node(s)"); keep them out unless asked for.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+# Level 3 (setup_environment) also keeps out the harmless C++ errors Grappler
+# logs while the MapReduce forms compile ("Failed to detect the fetch node(s)").
 _entry.setup_environment()
 
 from absl import flags

@@ -31,6 +31,39 @@ from tff_fedrecgel.models import neumf
 SERVER_ADAM_EPSILON = client_work_lib.ADAM_EPSILON
 
 
+def client_work_for(
+    model_config: neumf.ModelConfig,
+    work: client_work_lib.ClientWorkConfig,
+    *,
+    vectorized: bool,
+):
+    """The client state type, data type and update function of a round.
+
+    Args:
+      model_config: The NeuMF sizes.
+      work: What each client does.
+      vectorized: Groups of users per client (`group_client_work`) or one.
+
+    Returns:
+      `(client_state_type, client_data_type, update_fn)`.
+
+    Raises:
+      ValueError: If `vectorized` and `work` needs one user per client.
+    """
+    if vectorized:
+        group_client_work.check_supported(work)
+        return (
+            tff.types.tensorflow_to_type(group_client_work.group_state_spec(model_config)),
+            tff.types.tensorflow_to_type(group_client_work.group_data_spec()),
+            group_client_work.build_group_update_fn(model_config, work),
+        )
+    return (
+        tff.types.tensorflow_to_type(client_work_lib.client_state_spec(model_config)),
+        tff.types.tensorflow_to_type(client_work_lib.client_data_spec()),
+        client_work_lib.build_client_update_fn(model_config, work),
+    )
+
+
 def _server_optimizer_or_default(optimizer, server_lr):
     if optimizer is not None:
         return optimizer
@@ -118,19 +151,9 @@ def build_round_pieces(
 
     global_specs = client_work_lib.global_weight_specs(model_config)
     global_type = tff.types.tensorflow_to_type(global_specs)
-    if vectorized:
-        group_client_work.check_supported(work)
-        data_type = tff.types.tensorflow_to_type(group_client_work.group_data_spec())
-        state_type = tff.types.tensorflow_to_type(
-            group_client_work.group_state_spec(model_config)
-        )
-        update_fn = group_client_work.build_group_update_fn(model_config, work)
-    else:
-        data_type = tff.types.tensorflow_to_type(client_work_lib.client_data_spec())
-        state_type = tff.types.tensorflow_to_type(
-            client_work_lib.client_state_spec(model_config)
-        )
-        update_fn = client_work_lib.build_client_update_fn(model_config, work)
+    state_type, data_type, update_fn = client_work_for(
+        model_config, work, vectorized=vectorized
+    )
 
     weighted = isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory)
     if weighted:

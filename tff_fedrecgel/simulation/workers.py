@@ -49,7 +49,6 @@ import tensorflow_federated as tff
 
 from tff_fedrecgel.algorithms import client_work as client_work_lib
 from tff_fedrecgel.algorithms import fedrecgel
-from tff_fedrecgel.algorithms import group_client_work
 from tff_fedrecgel.models import neumf
 
 # As TFF's own local worker channel: large enough for any round's values.
@@ -611,19 +610,9 @@ def _build_shard_computation(
     global_type = tff.types.tensorflow_to_type(
         client_work_lib.global_weight_specs(model_config)
     )
-    if vectorized:
-        group_client_work.check_supported(work)
-        data_type = tff.types.tensorflow_to_type(group_client_work.group_data_spec())
-        state_type = tff.types.tensorflow_to_type(
-            group_client_work.group_state_spec(model_config)
-        )
-        update_fn = group_client_work.build_group_update_fn(model_config, work)
-    else:
-        data_type = tff.types.tensorflow_to_type(client_work_lib.client_data_spec())
-        state_type = tff.types.tensorflow_to_type(
-            client_work_lib.client_state_spec(model_config)
-        )
-        update_fn = client_work_lib.build_client_update_fn(model_config, work)
+    state_type, data_type, update_fn = fedrecgel.client_work_for(
+        model_config, work, vectorized=vectorized
+    )
 
     def partial_of(out):
         # As the process: the update weighted by its weight (MeanFactory), the
