@@ -45,6 +45,11 @@ def setup_environment() -> None:
     TF_CPP_MIN_LOG_LEVEL=0 to see everything.
     """
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+    # TFF's worker process (started later, inheriting this environment) is a
+    # multi-threaded C++ server; with glibc's default of one malloc arena per
+    # thread its memory crept up round after round (Amazon-Video: 1.9 GB
+    # after 60 rounds instead of 1.3 GB with two arenas).
+    os.environ.setdefault('MALLOC_ARENA_MAX', '2')
 
 
 def one_line(message: object) -> str:

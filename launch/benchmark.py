@@ -60,7 +60,7 @@ _WARMUP = flags.DEFINE_integer('warmup', 1, 'Untimed rounds first.')
 _RHO_SH = flags.DEFINE_float('rho_sh', None, 'Default: the task\'s.')
 _RHO_NS = flags.DEFINE_float('rho_ns', None, 'Default: the task\'s.')
 _MAX_GROUP_EXAMPLES = flags.DEFINE_integer(
-    'max_group_examples', 65536, 'vectorized: padded examples per TFF client.')
+    'max_group_examples', 16384, 'vectorized: padded examples per TFF client.')
 _EVAL = flags.DEFINE_bool('eval', True, 'Also time the evaluation of all users.')
 
 

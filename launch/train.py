@@ -67,7 +67,7 @@ _SIMULATION = flags.DEFINE_enum(
     'results, much faster; persistent state and gradient updates only); '
     'auto: vectorized where supported.')
 _MAX_GROUP_EXAMPLES = flags.DEFINE_integer(
-    'max_group_examples', 65536,
+    'max_group_examples', 16384,
     'vectorized: padded examples (users x longest batch) per TFF client.')
 _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
 _WORKERS = flags.DEFINE_string(

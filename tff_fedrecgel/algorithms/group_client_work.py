@@ -281,10 +281,20 @@ def build_group_update_fn(config: neumf.ModelConfig, work: client_work_lib.Clien
     return group_update
 
 
+# Padded lengths are rounded up to a multiple of this, so rounds repeat a few
+# shapes instead of bringing new ones (TFF's worker keeps memory per shape).
+PAD_MULTIPLE = 64
+
+
+def padded_length(length: int) -> int:
+    """The padded batch length of a group whose longest batch is `length`."""
+    return max(1, -(-length // PAD_MULTIPLE)) * PAD_MULTIPLE
+
+
 def pad_batches(batches) -> collections.OrderedDict:
     """Stacks per-user `(items, labels)` batches into one group's padded data."""
     lengths = np.array([len(i) for i, _ in batches], np.int32)
-    max_len = max(int(lengths.max()), 1)
+    max_len = padded_length(int(lengths.max()))
     items = np.zeros([len(batches), max_len], np.int32)
     labels = np.zeros([len(batches), max_len], np.float32)
     for row, (i, l) in enumerate(batches):

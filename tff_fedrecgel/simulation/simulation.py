@@ -68,7 +68,7 @@ class FedRecSimulation:
         num_negatives: int = 4,
         model_aggregator=None,
         vectorized: bool = False,
-        max_group_examples: int = 65536,
+        max_group_examples: int = 16384,
         workers: str | list[str] | None = None,
     ):
         """Builds the TFF process and the per-user data.
@@ -172,7 +172,7 @@ class FedRecSimulation:
         order = sorted(range(len(users)), key=lambda i: (-len(batches[i][0]), users[i]))
         groups, current, longest = [], [], 0
         for i in order:
-            length = max(len(batches[i][0]), 1)
+            length = group_client_work.padded_length(len(batches[i][0]))
             longest_if_added = max(longest, length)
             if current and longest_if_added * (len(current) + 1) > self.max_group_examples:
                 groups.append(current)
