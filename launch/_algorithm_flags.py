@@ -10,6 +10,7 @@ from __future__ import annotations
 from absl import flags
 
 import tasks
+from tff_fedrecgel.errors import DataError
 
 ALGORITHMS = ('fedrecgel', 'fedncf', 'sam_global', 'sam_local', 'fedmf')
 # Radii an algorithm fixes (None: the task's or the flag's).
@@ -54,6 +55,18 @@ CLIENT_WEIGHTING = flags.DEFINE_enum(
     'Aggregation weights: uniform (the authors\') or by examples.')
 SEED = flags.DEFINE_integer(
     'seed', 0, 'Seed of initial weights, client sampling and negatives.')
+
+
+def selected_task() -> tasks.Task:
+    """The task named by --task.
+
+    Raises:
+      DataError: If --task is missing or unknown.
+    """
+    if not TASK.value:
+        raise DataError(
+            f'--task is required; choose one of {", ".join(tasks.TASK_NAMES)}')
+    return tasks.get_task(TASK.value)
 
 
 def radii(task: tasks.Task) -> tuple[float, float]:

@@ -88,6 +88,11 @@ def run_main(main: Callable[[list[str]], Any]) -> None:
     """
 
     def wrapped(argv: list[str]) -> Any:
+        if not flags.FLAGS['verbosity'].present:
+            # TFF and TensorFlow log every checkpoint at INFO; keep it quiet.
+            logging.set_verbosity(logging.WARNING)
+        if len(argv) > 1:
+            fail(f'unexpected arguments: {" ".join(argv[1:])}')
         try:
             return main(argv)
         except USER_ERRORS as e:

@@ -66,8 +66,7 @@ _EVAL = flags.DEFINE_bool('eval', True, 'Also time the evaluation of all users.'
 
 def main(argv: list[str]) -> int:
     """Entry point."""
-    if len(argv) > 1:
-        raise DataError(f'unexpected arguments: {" ".join(argv[1:])}')
+    del argv  # Stray arguments are refused by _entry.run_main.
     if not _DATASET.value:
         raise DataError(f'--dataset is required; choose one of {", ".join(tasks.TASK_NAMES)}')
     if _ROUNDS.value < 1 or _WARMUP.value < 0:

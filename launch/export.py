@@ -35,9 +35,7 @@ from launch import _entry
 _entry.setup_environment()
 
 from absl import flags
-from absl import logging
 
-import tasks
 from launch import _algorithm_flags as algo
 from launch import _data_flags
 from tff_fedrecgel.errors import DataError
@@ -74,16 +72,10 @@ def _folder_bytes(path: str, names: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     """Entry point."""
-    if len(argv) > 1:
-        raise DataError(f'unexpected arguments: {" ".join(argv[1:])}')
-    if not flags.FLAGS['verbosity'].present:
-        logging.set_verbosity(logging.WARNING)
-    if not algo.TASK.value:
-        raise DataError(
-            f'--task is required; choose one of {", ".join(tasks.TASK_NAMES)}')
+    del argv  # Stray arguments are refused by _entry.run_main.
+    task = algo.selected_task()
     if not _OUTPUT_DIR.value:
         raise DataError('--output_dir is required')
-    task = tasks.get_task(algo.TASK.value)
     output_dir = _check_output_dir(_OUTPUT_DIR.value)
     algo.radii(task)  # Flag conflicts fail before the data is read.
     options = _data_flags.task_options(task)

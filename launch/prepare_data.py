@@ -60,8 +60,7 @@ def _summary_lines(name: str, stats: dict[str, int], output_dir: str,
 
 def main(argv: list[str]) -> int:
     """Entry point."""
-    if len(argv) > 1:
-        raise DataError(f'unexpected arguments: {" ".join(argv[1:])}')
+    del argv  # Stray arguments are refused by _entry.run_main.
     if not _DATASET.value:
         raise DataError('--dataset is required; choose one of '
                         f'{", ".join(tasks.TASK_NAMES)}')

@@ -38,10 +38,8 @@ _entry.setup_environment()
 from absl import flags
 from absl import logging
 
-import tasks
 from launch import _algorithm_flags as algo
 from launch import _data_flags
-from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _ROOT_OUTPUT_DIR = flags.DEFINE_string(
@@ -196,14 +194,8 @@ def _privacy_pieces(settings: dict, clients: int, num_users: int):
 
 def main(argv: list[str]) -> int:
     """Entry point."""
-    if len(argv) > 1:
-        raise DataError(f'unexpected arguments: {" ".join(argv[1:])}')
-    if not flags.FLAGS['verbosity'].present:
-        # TFF and TensorFlow log every checkpoint at INFO; keep the console clean.
-        logging.set_verbosity(logging.WARNING)
-    if not algo.TASK.value:
-        raise DataError(f'--task is required; choose one of {", ".join(tasks.TASK_NAMES)}')
-    task = tasks.get_task(algo.TASK.value)
+    del argv  # Stray arguments are refused by _entry.run_main.
+    task = algo.selected_task()
     settings = _settings(task)
     if settings['total_rounds'] < 1 or settings['rounds_per_eval'] < 1:
         raise ValueError('--total_rounds and --rounds_per_eval must be >= 1')
