@@ -462,32 +462,20 @@ def build_federated_reconstruction_evaluation(
     @tff.tensorflow.computation(global_type, data_type)
     def client_eval(global_weights, data):
         model = neumf.NeuMF(model_config)
-        adam = _local_adam(work)
 
         @tf.function(autograph=False)
         def run(global_weights, items, labels, candidates):
             _assign(model.global_variables, global_weights)
-            local_vars = model.local_variables
-            for var in local_vars:
-                var.assign(tf.zeros_like(var))
             weights = client_work.example_weights(
                 tf.size(items),
                 loss_reduction=work.loss_reduction,
                 chunk_size=work.chunk_size,
             )
-            state = _adam_state(
-                adam, model_config, [v.read_value() for v in local_vars]
+            client_work.reconstruct_local(
+                model,
+                lambda: client_work.weighted_bce(model(items), labels, weights),
+                work,
             )
-            for _ in range(work.reconstruction_steps):
-                with tf.GradientTape() as tape:
-                    loss = client_work.weighted_bce(model(items), labels, weights)
-                grads = tape.gradient(loss, local_vars)
-                state, new_local = adam.next(
-                    state,
-                    [v.read_value() for v in local_vars],
-                    [tf.reshape(g, v.shape) for g, v in zip(grads, local_vars)],
-                )
-                _assign(local_vars, new_local)
             return _client_metrics(model, candidates, top_ks)
 
         return run(

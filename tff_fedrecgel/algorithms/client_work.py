@@ -172,6 +172,41 @@ def _all_finite(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
 
 
+def reconstruct_local(model: neumf.NeuMF, loss_fn, work: ClientWorkConfig):
+    """Re-derives the user embedding in place ('reconstruct' mode).
+
+    The local variables start from zeros and take `work.reconstruction_steps`
+    steps of the local Adam on `loss_fn`, the global weights fixed. Call it
+    inside the caller's `tf.function`, so the variable writes are ordered.
+
+    Args:
+      model: The client's NeuMF, global weights already assigned.
+      loss_fn: Computes the client's loss from the current variables.
+      work: Supplies the step count and the learning rate.
+
+    Returns:
+      The local Adam state after the last step.
+    """
+    local_vars = model.local_variables
+    specs = local_weight_specs(model.config)
+    adam = _local_adam(work.local_lr)
+    for var in local_vars:
+        var.assign(tf.zeros_like(var))
+    adam_state = _adam_state(adam, specs)
+    for _ in range(work.reconstruction_steps):
+        with tf.GradientTape() as tape:
+            loss = loss_fn()
+        grads = tape.gradient(loss, local_vars)
+        adam_state, new_local = adam.next(
+            adam_state,
+            [v.read_value() for v in local_vars],
+            [_dense(g, v) for g, v in zip(grads, local_vars)],
+        )
+        for var, value in zip(local_vars, new_local):
+            var.assign(value)
+    return adam_state
+
+
 def build_client_update_fn(model_config: neumf.ModelConfig, work: ClientWorkConfig):
     """Returns the client update as a function to call inside a TF graph.
 
@@ -231,20 +266,7 @@ def build_client_update_fn(model_config: neumf.ModelConfig, work: ClientWorkConf
                     client_state['adam_v'],
                 )
             else:
-                for var in local_vars:
-                    var.assign(tf.zeros_like(var))
-                adam_state = _adam_state(adam, local_specs)
-                for _ in range(work.reconstruction_steps):
-                    with tf.GradientTape() as tape:
-                        loss = full_loss()
-                    grads = tape.gradient(loss, local_vars)
-                    adam_state, new_local = adam.next(
-                        adam_state,
-                        [v.read_value() for v in local_vars],
-                        [_dense(g, v) for g, v in zip(grads, local_vars)],
-                    )
-                    for var, value in zip(local_vars, new_local):
-                        var.assign(value)
+                adam_state = reconstruct_local(model, full_loss, work)
 
             groups = {'global': global_vars, 'local': local_vars}
             if work.update == 'gradient':
