@@ -12,11 +12,12 @@ from absl import flags
 import tasks
 from tff_fedrecgel.errors import DataError
 
-ALGORITHMS = ('fedrecgel', 'fedncf', 'sam_global', 'sam_local', 'fedmf')
+ALGORITHMS = ('fedrecgel', 'fedncf', 'sam_global', 'sam_local', 'fedmf', 'fedrecon')
 # Radii an algorithm fixes (None: the task's or the flag's).
 _FORCED_RADII = {
     'fedncf': (0.0, 0.0),
     'fedmf': (0.0, 0.0),
+    'fedrecon': (0.0, 0.0),
     'sam_global': (None, 0.0),
     'sam_local': (0.0, None),
 }
@@ -26,7 +27,9 @@ ALGORITHM = flags.DEFINE_enum(
     'algorithm', 'fedrecgel', ALGORITHMS,
     'fedrecgel: SAM with the task radii; fedncf: no SAM; sam_global / '
     'sam_local: SAM on the global or local part only (ablations); fedmf: the '
-    'GMF-only model without SAM.')
+    'GMF-only model without SAM; fedrecon: TFF\'s Federated Reconstruction '
+    '(build_fed_recon) on the same NeuMF, user embeddings rebuilt from zeros '
+    'by --reconstruction_steps Adam steps every round, one user per TFF client.')
 RHO_SH = flags.DEFINE_float(
     'rho_sh', None, 'SAM radius of the global (item) part (default: task\'s).')
 RHO_NS = flags.DEFINE_float(
@@ -39,7 +42,7 @@ LOCAL_STATE = flags.DEFINE_enum(
     'persistent: each user keeps its embedding and Adam state across rounds; '
     'reconstruct: nothing is kept, the embedding is re-derived every round.')
 RECONSTRUCTION_STEPS = flags.DEFINE_integer(
-    'reconstruction_steps', 5, 'Adam steps of the reconstruct mode.')
+    'reconstruction_steps', 5, 'Adam steps of the reconstruct mode and FedRecon.')
 LOSS_REDUCTION = flags.DEFINE_enum(
     'loss_reduction', 'chunk_sum', ['chunk_sum', 'mean'],
     'chunk_sum: sum of the mean loss of 128-example chunks (the authors\'); '

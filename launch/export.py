@@ -78,6 +78,9 @@ def main(argv: list[str]) -> int:
         raise DataError('--output_dir is required')
     output_dir = _check_output_dir(_OUTPUT_DIR.value)
     algo.radii(task)  # Flag conflicts fail before the data is read.
+    if algo.ALGORITHM.value == 'fedrecon':
+        raise ValueError('--algorithm=fedrecon is TFF\'s own build_fed_recon; '
+                         'export exports the FedRecGEL family')
     options = _data_flags.task_options(task)
     # Only the item count is needed from the data; read it before the slow
     # TensorFlow imports so that data errors come quickly.

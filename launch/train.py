@@ -68,6 +68,12 @@ _MAX_GROUP_EXAMPLES = flags.DEFINE_integer(
     'max_group_examples', 16384,
     'vectorized: padded examples (users x longest batch) per TFF client.')
 _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
+_SHARPNESS_PROBE = flags.DEFINE_float(
+    'sharpness_probe', None,
+    'Also measure every round the sharpness L(w + e) - L(w) of the global and '
+    'the local part at this SAM radius (train/probe_sharpness_*), so runs with '
+    'and without SAM compare at one radius; costs a second client pass; '
+    'training is unchanged.')
 _WORKERS = flags.DEFINE_string(
     'workers', None,
     'host:port,... of TFF worker services (launch/start_workers.sh) to split '
@@ -123,6 +129,7 @@ def _settings(task) -> dict:
         'seed': algo.SEED.value,
         'simulation': _SIMULATION.value,
         'max_group_examples': _MAX_GROUP_EXAMPLES.value,
+        'sharpness_probe': _SHARPNESS_PROBE.value,
         **{f'data_{k}': v for k, v in _data_flags.task_options(task).items()},
     }
 
@@ -192,6 +199,20 @@ def _privacy_pieces(settings: dict, clients: int, num_users: int):
     return aggregator, report
 
 
+def _check_fedrecon(settings: dict) -> None:
+    """Refuses flags FedRecon has no use for; records what it does."""
+    unused = [f'--{name}' for name in (
+        'local_state', 'loss_reduction', 'update', 'local_epochs', 'client_lr',
+        'client_weighting', 'workers', 'sharpness_probe')
+        if flags.FLAGS[name].present]
+    if 'secure_aggregation' in settings:
+        unused.append('DP / secure aggregation')
+    if unused:
+        raise ValueError(f'--algorithm=fedrecon does not take {", ".join(unused)} '
+                         '(TFF\'s FedRecon: mean loss, no user state)')
+    settings.update(local_state='reconstruct', loss_reduction='mean')
+
+
 def main(argv: list[str]) -> int:
     """Entry point."""
     del argv  # Stray arguments are refused by _entry.run_main.
@@ -209,6 +230,8 @@ def main(argv: list[str]) -> int:
         data_dir=_data_flags.DATA_DIR.value, validation=settings['validation'],
         **_data_flags.task_options(task))
     settings.update(_privacy_settings(split.num_users))
+    if settings['algorithm'] == 'fedrecon':
+        _check_fedrecon(settings)
     if _WORKERS.value and 'secure_aggregation' in settings:
         raise ValueError('DP and secure aggregation are not supported with --workers')
     from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
@@ -223,7 +246,10 @@ def main(argv: list[str]) -> int:
         split.num_users, settings['client_fraction'])
     model_config = algo.model_config(split.num_items)
     work = algo.client_work_config(task)
-    supported = work.local_state == 'persistent' and work.update == 'gradient'
+    fedrecon = settings['algorithm'] == 'fedrecon'
+    # FedRecon groups users per TFF client by itself (same results).
+    supported = fedrecon or (work.local_state == 'persistent'
+                             and work.update == 'gradient')
     if settings['simulation'] == 'vectorized' and not supported:
         raise ValueError(
             '--simulation=vectorized needs --local_state=persistent and '
@@ -243,12 +269,22 @@ def main(argv: list[str]) -> int:
 
     start = time.perf_counter()
     aggregator, privacy_report = _privacy_pieces(settings, clients, split.num_users)
-    simulation = FedRecSimulation(
-        split=split, model_config=model_config, work=work,
-        clients_per_round=clients, seed=settings['seed'],
-        server_lr=settings['server_lr'], vectorized=vectorized,
-        max_group_examples=settings['max_group_examples'], model_aggregator=aggregator,
-        workers=_WORKERS.value)
+    if fedrecon:
+        from tff_fedrecgel.simulation import FedReconSimulation  # pylint: disable=g-import-not-at-top
+        simulation = FedReconSimulation(
+            split=split, model_config=model_config, clients_per_round=clients,
+            seed=settings['seed'], server_lr=settings['server_lr'],
+            local_lr=settings['local_lr'],
+            reconstruction_steps=settings['reconstruction_steps'],
+            grouped=vectorized, max_group_examples=settings['max_group_examples'])
+    else:
+        simulation = FedRecSimulation(
+            split=split, model_config=model_config, work=work,
+            clients_per_round=clients, seed=settings['seed'],
+            server_lr=settings['server_lr'], vectorized=vectorized,
+            max_group_examples=settings['max_group_examples'],
+            model_aggregator=aggregator, workers=_WORKERS.value,
+            sharpness_probe=settings['sharpness_probe'])
     logging.info('built the TFF process in %.1f s', time.perf_counter() - start)
     summary = program.run_training(
         simulation, paths=paths, total_rounds=settings['total_rounds'],

@@ -171,6 +171,11 @@ def test_corrupt_latest_checkpoint_falls_back(reference_run, tmp_path):
      'clients_per_round'),
     (['--task=synthetic', '--total_rounds=0'], 'total_rounds'),
     (['--task=synthetic', 'extra'], 'unexpected'),
+    (['--task=synthetic', '--algorithm=fedrecon', '--local_state=persistent'],
+     'fedrecon'),
+    (['--task=synthetic', '--algorithm=fedrecon', '--sharpness_probe=0.05'],
+     'sharpness_probe'),
+    (['--task=synthetic', '--sharpness_probe=-1'], 'sharpness_probe'),
 ])
 def test_bad_input_is_one_line(args, expected, tmp_path):
     """User errors print one line 'error: ...' and exit 2, no traceback."""
@@ -190,3 +195,37 @@ def test_unwritable_output_folder_is_one_line(tmp_path):
     assert code == 2, output
     assert output.strip().splitlines()[-1].startswith('error: ')
     assert 'Traceback' not in output
+
+
+def test_sharpness_probe_measures_without_changing_training(tmp_path):
+    """--sharpness_probe adds the probe columns; every other figure is equal."""
+    rows = {}
+    for name, extra in (('plain', []), ('probe', ['--sharpness_probe=0.05'])):
+        code, output = _run([*SMALL, f'--root_output_dir={tmp_path}',
+                             f'--experiment_name={name}', '--total_rounds=3',
+                             '--algorithm=fedncf', *extra], tmp_path, f'{name}.txt')
+        assert code == 0, output
+        rows[name] = _metrics_rows(tmp_path / name / 'metrics.csv')
+    for plain, probe in zip(rows['plain'], rows['probe']):
+        sharpness = {k: float(probe.pop(k)) for k in list(probe) if 'probe_' in k}
+        assert set(sharpness) == {'train/probe_sharpness_global',
+                                  'train/probe_sharpness_local'}
+        # FedNCF trains without SAM, yet the probe measures its sharpness.
+        assert all(v > 0 for v in sharpness.values()), sharpness
+        assert probe == plain
+
+
+def test_fedrecon_trains_from_the_command_line(tmp_path):
+    """--algorithm=fedrecon runs TFF's FedRecon and reports like the others."""
+    code, output = _run([*SMALL, f'--root_output_dir={tmp_path}',
+                         '--experiment_name=fr', '--total_rounds=3',
+                         '--algorithm=fedrecon'], tmp_path)
+    assert code == 0, output
+    summary = _summary(output)
+    assert summary['rounds'] == 3 and 0 <= summary['best_test_hr@10'] <= 1
+    hparams = json.loads((tmp_path / 'fr' / 'hparams.json').read_text())
+    assert hparams['algorithm'] == 'fedrecon'
+    assert hparams['local_state'] == 'reconstruct' and hparams['loss_reduction'] == 'mean'
+    rows = _metrics_rows(tmp_path / 'fr' / 'metrics.csv')
+    assert [int(r['round']) for r in rows] == [1, 2, 3]
+    assert all(float(r['train/loss']) > 0 for r in rows)

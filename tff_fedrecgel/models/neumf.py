@@ -65,18 +65,20 @@ class ModelConfig:
 class UserEmbedding(tf.keras.layers.Layer):
     """The client's own user embedding: one row, broadcast over the batch."""
 
-    def __init__(self, dim: int, *, seed: int | None = None, **kwargs):
+    def __init__(self, dim: int, *, seed: int | None = None, zeros: bool = False,
+                 **kwargs):
         super().__init__(**kwargs)
         self.dim = dim
         self.seed = seed
+        self.zeros = zeros
 
     def build(self, input_shape):
         self.embedding = self.add_weight(
             name='embedding',
             shape=(1, self.dim),
-            initializer=tf.keras.initializers.RandomNormal(
+            initializer=('zeros' if self.zeros else tf.keras.initializers.RandomNormal(
                 stddev=EMBEDDING_STDDEV, seed=self.seed
-            ),
+            )),
             trainable=True,
         )
         super().build(input_shape)
@@ -131,7 +133,9 @@ class NeuMF(tf.keras.Model):
     aggregated; `local_layers` (the user's embedding rows) stay on the client.
     """
 
-    def __init__(self, config: ModelConfig, *, seed: int | None = None, **kwargs):
+    def __init__(self, config: ModelConfig, *, seed: int | None = None,
+                 zero_local: bool = False, group_size: int | None = None,
+                 **kwargs):
         """Builds every layer.
 
         Args:
@@ -139,6 +143,12 @@ class NeuMF(tf.keras.Model):
           seed: If given, each initializer gets a seed derived from it, so the
             initial weights are reproducible in eager and graph mode (as inside a
             TFF computation). None draws fresh weights.
+          zero_local: Initialize the user embedding to zeros (where
+            reconstruction starts) instead of the normal draw.
+          group_size: If given, the model serves a group of this many users:
+            the local layers are `[group_size, dim]` tables starting at zeros,
+            and the input is `(slots, items)`, `slots` naming each example's
+            user row. The global layers are unchanged.
           **kwargs: Passed to `tf.keras.Model`.
         """
         super().__init__(**kwargs)
@@ -152,9 +162,15 @@ class NeuMF(tf.keras.Model):
                 stddev=EMBEDDING_STDDEV, seed=layer_seed(i)
             )
 
-        self.user_gmf = UserEmbedding(
-            config.gmf_dim, seed=layer_seed(0), name='user_gmf'
-        )
+        self.group_size = group_size
+
+        def user_layer(dim, i, name):
+            if group_size is None:
+                return UserEmbedding(dim, seed=layer_seed(i), zeros=zero_local, name=name)
+            return tf.keras.layers.Embedding(
+                group_size, dim, embeddings_initializer='zeros', name=name)
+
+        self.user_gmf = user_layer(config.gmf_dim, 0, 'user_gmf')
         self.item_gmf = tf.keras.layers.Embedding(
             config.num_items,
             config.gmf_dim,
@@ -165,9 +181,7 @@ class NeuMF(tf.keras.Model):
         self.item_gmf.build((None,))
         self.tower = []
         if config.use_mlp:
-            self.user_mlp = UserEmbedding(
-                config.mlp_dim, seed=layer_seed(2), name='user_mlp'
-            )
+            self.user_mlp = user_layer(config.mlp_dim, 2, 'user_mlp')
             self.item_mlp = tf.keras.layers.Embedding(
                 config.num_items,
                 config.mlp_dim,
@@ -224,12 +238,16 @@ class NeuMF(tf.keras.Model):
     def local_variables(self) -> list[tf.Variable]:
         return [v for layer in self.local_layers for v in layer.trainable_weights]
 
-    def call(self, items, training=False):
-        items = tf.cast(tf.reshape(items, [-1]), tf.int32)
+    def call(self, inputs, training=False):
+        if self.group_size is None:
+            items = tf.cast(tf.reshape(inputs, [-1]), tf.int32)
+            users = items  # UserEmbedding broadcasts its one row.
+        else:
+            users, items = (tf.cast(tf.reshape(x, [-1]), tf.int32) for x in inputs)
         use_mlp = self.config.use_mlp
         return neumf_logits(
-            self.user_gmf(items),
-            self.user_mlp(items) if use_mlp else None,
+            self.user_gmf(users),
+            self.user_mlp(users) if use_mlp else None,
             self.item_gmf(items),
             self.item_mlp(items) if use_mlp else None,
             [(layer.kernel, layer.bias) for layer in self.tower],
@@ -305,7 +323,7 @@ def score_items(
 
 
 def build_reconstruction_model(
-    config: ModelConfig, *, seed: int | None = None
+    config: ModelConfig, *, seed: int | None = None, zero_local: bool = False
 ) -> tff.learning.models.ReconstructionModel:
     """Wraps a fresh `NeuMF` in TFF's reconstruction model API.
 
@@ -316,12 +334,13 @@ def build_reconstruction_model(
     Args:
       config: The model sizes.
       seed: Optional seed of the initial weights.
+      zero_local: Start the user embedding at zeros (see `NeuMF`).
 
     Returns:
       A `tff.learning.models.ReconstructionModel` whose batches are
       `(items [batch] int32, labels [batch] float32)`.
     """
-    model = NeuMF(config, seed=seed)
+    model = NeuMF(config, seed=seed, zero_local=zero_local)
     input_spec = (
         tf.TensorSpec(shape=[None], dtype=tf.int32),
         tf.TensorSpec(shape=[None], dtype=tf.float32),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Mapping
+import dataclasses
 import time
 
 import numpy as np
@@ -70,6 +71,7 @@ class FedRecSimulation:
         vectorized: bool = False,
         max_group_examples: int = 16384,
         workers: str | list[str] | None = None,
+        sharpness_probe: float | None = None,
     ):
         """Builds the TFF process and the per-user data.
 
@@ -91,6 +93,12 @@ class FedRecSimulation:
           workers: TFF worker services (`'host:port,...'` or a list) to run
             each round on, split across them (`workers.MultiWorkerRound`);
             None runs it in this process's local TFF context.
+          sharpness_probe: If given, every round also measures the sharpness
+            L(w + e) - L(w) of the global and of the local part at this radius
+            (e as in SAM: the radius along each client's normalized gradient)
+            on the round's cohort before its update, whatever the training
+            radii, so runs with and without SAM are compared at one radius.
+            The probe's own updates are discarded: training is unchanged.
 
         Raises:
           ValueError: On inconsistent sizes, or `model_aggregator` with
@@ -139,6 +147,18 @@ class FedRecSimulation:
             vectorized=vectorized,
         )
         self._next = self.workers.next if self.workers else self.process.next
+        self._probe = None
+        if sharpness_probe is not None:
+            if sharpness_probe <= 0 or workers is not None or model_aggregator is not None:
+                raise ValueError('sharpness_probe must be positive, without workers '
+                                 'or a custom aggregator')
+            if not self.persistent:
+                raise ValueError('sharpness_probe needs persistent local state')
+            self._probe = fedrecgel.build_fedrecgel_process(
+                model_config=model_config,
+                work=dataclasses.replace(work, rho_sh=sharpness_probe,
+                                         rho_ns=sharpness_probe),
+                server_lr=server_lr, init_seed=seed, vectorized=vectorized).next
         self._sample = tff.simulation.build_uniform_sampling_fn(
             range(split.num_users), replace=False, random_seed=seed
         )
@@ -187,9 +207,11 @@ class FedRecSimulation:
         members = [[users[i] for i in group] for group in groups]
         states = [self.client_states.gather_stacked(m) for m in members]
         data = [group_client_work.pad_batches([batches[i] for i in g]) for g in groups]
+        probe = self._probe_metrics(states, data)
         self.server_state, new_states, metrics = self._next(
             self.server_state, states, data
         )
+        metrics.update(probe)
         for m, state in zip(members, new_states):
             self.client_states.scatter_stacked(m, state)
         return metrics
@@ -208,9 +230,11 @@ class FedRecSimulation:
             data = [collections.OrderedDict(items=i, labels=l) for i, l in batches]
             if self.persistent:
                 states = self.client_states.gather(users)
+                probe = self._probe_metrics(states, data)
                 self.server_state, new_states, metrics = self._next(
                     self.server_state, states, data
                 )
+                metrics.update(probe)
                 self.client_states.scatter(users, new_states)
             else:
                 self.server_state, metrics = self._next(self.server_state, data)
@@ -220,6 +244,16 @@ class FedRecSimulation:
         flat['sharpness_local'] = flat['sam_loss_local'] - flat['loss']
         flat['round_seconds'] = time.perf_counter() - start
         return flat
+
+    def _probe_metrics(self, states, data) -> dict:
+        """Sharpness at the probe radius, from a discarded round."""
+        if self._probe is None:
+            return {}
+        _, _, metrics = self._probe(self.server_state, states, data)
+        return {
+            'probe_sharpness_global': metrics['sam_loss_global'] - metrics['loss'],
+            'probe_sharpness_local': metrics['sam_loss_local'] - metrics['loss'],
+        }
 
     @property
     def global_weights(self) -> list[np.ndarray]:

@@ -1,0 +1,295 @@
+r"""Writes the study's tables and curves from its runs (docs/RESULTS.md).
+
+Example (from the repository root, after launch/run_study.py)::
+
+    python launch/report_study.py --root_output_dir=runs/study
+
+Reads every finished run's summary.json, hparams.json and metrics.csv under
+--root_output_dir and writes:
+
+- the tables into --results between the lines `<!-- study-tables:begin -->`
+  and `<!-- study-tables:end -->` (the prose around them is left alone);
+- every run's figures to --runs_csv;
+- PNG curves to --images_dir: study_hr10.png (HR@10 per round),
+  study_sharpness.png (sharpness at one probe radius, with and without SAM)
+  and study_sweep.png (the FilmTrust radius sweep).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import sys
+
+if __package__ in (None, ''):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from launch import _entry
+
+from absl import flags
+import numpy as np
+import pandas as pd
+
+from tff_fedrecgel import study
+from tff_fedrecgel.errors import DataError
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+_ROOT = flags.DEFINE_string('root_output_dir', 'runs/study', 'Study output root.')
+_RESULTS = flags.DEFINE_string('results', 'docs/RESULTS.md',
+                               'Markdown file whose table block is rewritten.')
+_IMAGES_DIR = flags.DEFINE_string('images_dir', 'docs/images', 'Where the PNGs go.')
+_RUNS_CSV = flags.DEFINE_string('runs_csv', 'docs/study_runs.csv',
+                                'Every finished run, one row each.')
+
+BEGIN, END = '<!-- study-tables:begin -->', '<!-- study-tables:end -->'
+TITLES = {'filmtrust': 'FilmTrust', 'lastfm_2k': 'LastFM-2K',
+          'amazon_video': 'Amazon-Video'}
+LABELS = {'fedrecgel': 'FedRecGEL', 'fedncf': 'FedNCF', 'sam_global': 'SAM global only',
+          'sam_local': 'SAM local only', 'fedrecon': 'FedRecon', 'fedmf': 'FedMF'}
+
+
+def _cell(mean: float, std: float, count: int) -> str:
+    if count == 0 or math.isnan(mean):
+        return '—'
+    spread = f' ± {std:.4f}' if count > 1 else ''
+    return f'{mean:.4f}{spread}'
+
+
+def method_tables(runs: pd.DataFrame) -> list[str]:
+    """One Markdown table per dataset."""
+    lines = []
+    for dataset in study.DATASETS:
+        if not (runs.dataset == dataset).any():
+            continue
+        table = study.method_table(runs, dataset)
+        rho = study.SPEC_RADII[dataset]
+        lines += [f'### {TITLES[dataset]} (FedRecGEL radii rho_sh={rho[0]:g}, '
+                  f'rho_ns={rho[1]:g})', '',
+                  '| method | HR@10, best test round | NDCG@10, best test round | seeds '
+                  '| HR@10, best validation round | NDCG@10, best validation round | seeds '
+                  '| authors\' code here (HR@10 / NDCG@10) |',
+                  '|---|---|---|---|---|---|---|---|']
+        for method, row in table.iterrows():
+            label = LABELS[method]
+            if row['same_as']:
+                label += f' (= {LABELS[row["same_as"]]} here)'
+            reference = study.SPEC_REFERENCE.get((dataset, method))
+            reference = (f'{reference[0]:.4f} / {reference[1]:.4f} ({reference[2]})'
+                         if reference else '')
+            lines.append(
+                f'| {label} | {_cell(row.test_hr, row.test_hr_std, row.n_test)} '
+                f'| {_cell(row.test_ndcg, row.test_ndcg_std, row.n_test)} | {row.n_test} '
+                f'| {_cell(row.valid_hr, row.valid_hr_std, row.n_valid)} '
+                f'| {_cell(row.valid_ndcg, row.valid_ndcg_std, row.n_valid)} | {row.n_valid} '
+                f'| {reference} |')
+        lines += ['', f'The authors\' own sweep plots sit at '
+                  f'{study.AUTHORS_SWEEP_LEVEL[dataset]} (HR@10 / NDCG@10).']
+        lines += _identity_lines(runs, dataset) + ['']
+    return lines
+
+
+def _identity_lines(runs: pd.DataFrame, dataset: str) -> list[str]:
+    """Checks that each redundant ablation's seed-0 run equals its twin."""
+    lines = []
+    main = runs[(runs.dataset == dataset) & ~runs.sweep & ~runs.probe]
+    for method, twin in study.redundant_methods(dataset).items():
+        for validation in (False, True):
+            a = main[(main.method == method) & (main.validation == validation) & (main.seed == 0)]
+            b = main[(main.method == twin) & (main.validation == validation) & (main.seed == 0)]
+            if len(a) and len(b):
+                columns = ['test_hr', 'test_ndcg', 'test_round', 'valid_hr', 'valid_round']
+                same = np.allclose(a[columns].to_numpy(float), b[columns].to_numpy(float),
+                                   equal_nan=True, rtol=0, atol=0)
+                lines.append(f'Check: {LABELS[method]} (seed 0'
+                             f'{", validation" if validation else ""}) ran and '
+                             f'{"equals" if same else "DIFFERS FROM"} {LABELS[twin]}: '
+                             f'HR@10 {a.test_hr.iloc[0]:.4f} vs {b.test_hr.iloc[0]:.4f}.')
+    return [''] + lines if lines else []
+
+
+def paired_table(runs: pd.DataFrame) -> list[str]:
+    """FedRecGEL minus FedNCF, paired by seed."""
+    lines = ['### FedRecGEL minus FedNCF, paired by seed', '',
+             '| dataset | selection | seeds | ΔHR@10 mean ± std [min, max] '
+             '| ΔNDCG@10 mean ± std [min, max] |', '|---|---|---|---|---|']
+    for dataset in study.DATASETS:
+        diffs = study.paired_differences(runs, dataset)
+        for selection, name in (('test', 'best test round'), ('valid', 'best validation round')):
+            hr, ndcg = diffs[f'{selection}_hr'], diffs[f'{selection}_ndcg']
+            if not hr['n']:
+                continue
+            lines.append(
+                f'| {TITLES[dataset]} | {name} | {hr["n"]} '
+                f'| {_signed(hr)} | {_signed(ndcg)} |')
+    return lines + ['']
+
+
+def _signed(d: dict) -> str:
+    std = f' ± {d["std"]:.4f}' if d['n'] > 1 else ''
+    return f'{d["mean"]:+.4f}{std} [{d["min"]:+.4f}, {d["max"]:+.4f}]'
+
+
+def sweep_lines(runs: pd.DataFrame) -> list[str]:
+    """The FilmTrust radius sweep."""
+    table = study.sweep_table(runs)
+    if not table.n.any():
+        return []
+    lines = ['### FilmTrust radius sweep (best test round)', '',
+             '| radius value | rho_sh swept (rho_ns = 0.02): HR@10 | NDCG@10 | seeds '
+             '| rho_ns swept (rho_sh = 0): HR@10 | NDCG@10 | seeds |',
+             '|---|---|---|---|---|---|---|']
+    for value in study.SWEEP_GRID:
+        sh, ns = table.loc[('rho_sh', value)], table.loc[('rho_ns', value)]
+        lines.append(
+            f'| {value:g} | {_cell(sh.hr, sh.hr_std, sh.n)} | {_cell(sh.ndcg, sh.ndcg_std, sh.n)} '
+            f'| {int(sh.n)} | {_cell(ns.hr, ns.hr_std, ns.n)} '
+            f'| {_cell(ns.ndcg, ns.ndcg_std, ns.n)} | {int(ns.n)} |')
+    return lines + ['']
+
+
+def cost_lines(runs: pd.DataFrame) -> list[str]:
+    """Runs and machine time per dataset and method."""
+    runs = runs.assign(seconds=runs.seconds_per_round * runs.rounds)
+    lines = ['### Runs and their time', '',
+             '| dataset | method | runs | seconds per run (mean) | seconds per round |',
+             '|---|---|---|---|---|']
+    for (dataset, method), group in runs.groupby(['dataset', 'method'], sort=False):
+        lines.append(f'| {TITLES.get(dataset, dataset)} | {LABELS.get(method, method)} '
+                     f'| {len(group)} | {group.seconds.mean():.0f} '
+                     f'| {group.seconds_per_round.mean():.2f} |')
+    total = runs.seconds.sum()
+    lines += ['', f'{len(runs)} runs, {total / 3600:.2f} hours of training and '
+              'evaluation in all (sum over runs; runs went two or three at a time '
+              'on the 2 cores).', '']
+    return lines
+
+
+def tables_block(runs: pd.DataFrame) -> str:
+    """The whole generated block, markers included."""
+    lines = [BEGIN, '<!-- Generated by launch/report_study.py; edit the script, '
+             'not this block. -->', '']
+    lines += method_tables(runs) + paired_table(runs) + sweep_lines(runs) + cost_lines(runs)
+    return '\n'.join(lines + [END])
+
+
+def write_block(path: pathlib.Path, block: str) -> None:
+    """Replaces the marked block of `path` (which must hold both markers)."""
+    text = path.read_text(encoding='utf-8')
+    if BEGIN not in text or END not in text:
+        raise DataError(f'{path} lacks the lines {BEGIN} and {END}')
+    head, rest = text.split(BEGIN, 1)
+    path.write_text(head + block + rest.split(END, 1)[1], encoding='utf-8')
+
+
+def _band(ax, frames, column, label, color):
+    series = [f[column] for f in frames if column in f]
+    if not series:
+        return
+    joined = pd.concat(series, axis=1)
+    ax.plot(joined.index, joined.mean(axis=1), color=color,
+            label=f'{label} ({joined.shape[1]} seeds)')
+    if joined.shape[1] > 1:
+        ax.fill_between(joined.index, joined.min(axis=1), joined.max(axis=1),
+                        color=color, alpha=0.2, linewidth=0)
+
+
+def plot_curves(root: pathlib.Path, runs: pd.DataFrame, images: pathlib.Path) -> list[str]:
+    """Writes the PNGs; returns their file names."""
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use('Agg')
+    from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+    images.mkdir(parents=True, exist_ok=True)
+    written = []
+    main = runs[~runs.sweep & ~runs.probe & ~runs.validation]
+    colors = {'fedrecgel': 'tab:red', 'fedncf': 'tab:blue', 'fedrecon': 'tab:green',
+              'fedmf': 'tab:gray'}
+    datasets = [d for d in study.DATASETS if (main.dataset == d).any()]
+    if datasets:
+        fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.8),
+                                 squeeze=False)
+        for ax, dataset in zip(axes[0], datasets):
+            for method, color in colors.items():
+                chosen = main[(main.dataset == dataset) & (main.method == method)]
+                frames = study.curves(root, chosen, ['test/hr@10']).values()
+                _band(ax, list(frames), 'test/hr@10', LABELS[method], color)
+            ax.set_title(TITLES[dataset])
+            ax.set_xlabel('round')
+            ax.set_ylabel('test HR@10 (mean; band: min–max over seeds)')
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(images / 'study_hr10.png', dpi=110)
+        plt.close(fig)
+        written.append('study_hr10.png')
+
+    probes = runs[runs.probe]
+    datasets = [d for d in study.DATASETS if (probes.dataset == d).any()]
+    if datasets:
+        fig, axes = plt.subplots(2, len(datasets), figsize=(5 * len(datasets), 6.5),
+                                 squeeze=False)
+        for col, dataset in enumerate(datasets):
+            for row, part in enumerate(('global', 'local')):
+                ax = axes[row][col]
+                column = f'train/probe_sharpness_{part}'
+                for method in study.PROBE_METHODS:
+                    chosen = probes[(probes.dataset == dataset) & (probes.method == method)]
+                    for frame in study.curves(root, chosen, [column]).values():
+                        if column in frame:
+                            ax.plot(frame.index, frame[column], color=colors[method],
+                                    alpha=0.25, linewidth=0.8)
+                            ax.plot(frame.index, frame[column].rolling(9, center=True,
+                                                                       min_periods=1).mean(),
+                                    color=colors[method], label=LABELS[method])
+                ax.set_title(f'{TITLES[dataset]}: {part} part')
+                ax.set_xlabel('round')
+                ax.set_ylabel(f'L(w + e) − L(w), radius {study.PROBE_RADIUS:g}')
+                ax.grid(alpha=0.3)
+                ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(images / 'study_sharpness.png', dpi=110)
+        plt.close(fig)
+        written.append('study_sharpness.png')
+
+    table = study.sweep_table(runs)
+    if table.n.any():
+        fig, ax = plt.subplots(figsize=(6, 3.8))
+        positions = np.arange(len(study.SWEEP_GRID))
+        for offset, radius, color in ((-0.08, 'rho_sh', 'tab:purple'),
+                                      (0.08, 'rho_ns', 'tab:orange')):
+            part = table.loc[radius]
+            ax.errorbar(positions + offset, part.hr, yerr=part.hr_std.fillna(0),
+                        marker='o', capsize=3, color=color, label=f'{radius} swept')
+        ax.set_xticks(positions, [f'{v:g}' for v in study.SWEEP_GRID])
+        ax.set_xlabel('radius (other radius at SPEC value)')
+        ax.set_ylabel('FilmTrust best test HR@10')
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(images / 'study_sweep.png', dpi=110)
+        plt.close(fig)
+        written.append('study_sweep.png')
+    return written
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    root = pathlib.Path(_ROOT.value)
+    runs = study.collect(root)
+    if runs.empty:
+        raise DataError(f'no finished runs under {root}; run launch/run_study.py first')
+    results = pathlib.Path(_RESULTS.value)
+    block = tables_block(runs)
+    write_block(results, block)
+    pathlib.Path(_RUNS_CSV.value).parent.mkdir(parents=True, exist_ok=True)
+    runs.sort_values('name').to_csv(_RUNS_CSV.value, index=False, float_format='%.6g')
+    written = plot_curves(root, runs, pathlib.Path(_IMAGES_DIR.value))
+    print(f'{len(runs)} runs: tables in {results}, rows in {_RUNS_CSV.value}, '
+          f'images {", ".join(written) or "none"} in {_IMAGES_DIR.value}')
+    return 0
+
+
+if __name__ == '__main__':
+    _entry.run_main(main)

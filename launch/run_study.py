@@ -1,0 +1,140 @@
+r"""Runs the reproduction study (docs/RESULTS.md), resumably.
+
+Example (from the repository root)::
+
+    python launch/run_study.py --datasets_dir=../shared/datasets \
+        --root_output_dir=runs/study --parallel=2
+    python launch/run_study.py --list        # the plan and what is done
+
+Each run is `launch/train.py` in its own process, writing to
+<root_output_dir>/<dataset>/<run>/ with its log beside it (<run>.log). A run
+whose summary.json exists is skipped, and so is one another runner is
+running now (the log file is locked); an interrupted run resumes from its
+last checkpoint. Failed runs are reported at the end (exit status 1) and
+retried next time. Then `launch/report_study.py` writes the tables and
+curves.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fcntl
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+if __package__ in (None, ''):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from launch import _entry
+
+_entry.setup_environment()
+
+from absl import flags
+
+from tff_fedrecgel import study
+from tff_fedrecgel.errors import DataError
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+_DATASETS_DIR = flags.DEFINE_string(
+    'datasets_dir', '../shared/datasets',
+    'Folder holding filmtrust/, lastfm_2k/ and amazon_video/.')
+_ROOT = flags.DEFINE_string('root_output_dir', 'runs/study', 'Study output root.')
+_PARALLEL = flags.DEFINE_integer(
+    'parallel', 1, 'Runs at once (each uses about 2 cores at full speed).')
+_DATASETS = flags.DEFINE_list('datasets', list(study.DATASETS), 'Datasets to run.')
+_METHODS = flags.DEFINE_list('methods', list(study.METHODS), 'Methods to run.')
+_SWEEP_SEEDS = flags.DEFINE_integer('sweep_seeds', 3, 'Seeds per sweep point.')
+_FILMTRUST_SEEDS = flags.DEFINE_integer('filmtrust_seeds', 5, 'Seeds on FilmTrust.')
+_OTHER_SEEDS = flags.DEFINE_integer('other_seeds', 3, 'Seeds on the other datasets.')
+_ONLY = flags.DEFINE_string(
+    'only', None, 'Run just the runs whose name contains this text.')
+_LIST = flags.DEFINE_bool('list', False, 'Print the plan and exit.')
+
+
+def _plan() -> list[study.Run]:
+    for name in _DATASETS.value:
+        if name not in study.DATASETS:
+            raise DataError(f'unknown dataset {name!r}; choose from {", ".join(study.DATASETS)}')
+    for name in _METHODS.value:
+        if name not in study.METHODS:
+            raise DataError(f'unknown method {name!r}; choose from {", ".join(study.METHODS)}')
+    runs = study.study_plan(
+        seeds={'filmtrust': _FILMTRUST_SEEDS.value, 'lastfm_2k': _OTHER_SEEDS.value,
+               'amazon_video': _OTHER_SEEDS.value},
+        sweep_seeds=_SWEEP_SEEDS.value, methods=_METHODS.value,
+        datasets=_DATASETS.value)
+    if _ONLY.value:
+        runs = [run for run in runs if _ONLY.value in run.name]
+    return runs
+
+
+def _run_one(run: study.Run, root: pathlib.Path, datasets_dir: pathlib.Path) -> tuple[study.Run, int, float]:
+    out_dir = root / run.dataset
+    out_dir.mkdir(parents=True, exist_ok=True)
+    experiment = run.name.split('/', 1)[1]
+    command = [sys.executable, str(pathlib.Path(__file__).with_name('train.py')),
+               *run.flags(str(datasets_dir / run.dataset)),
+               f'--root_output_dir={out_dir}', f'--experiment_name={experiment}',
+               '--noprogress']
+    start = time.perf_counter()
+    with open(out_dir / f'{experiment}.log', 'a', encoding='utf-8') as log:
+        try:
+            # The run's stdout shares this open file, so the lock lasts as
+            # long as the run, even if this runner is stopped: a second
+            # runner skips the run instead of training it twice at once.
+            fcntl.flock(log, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return run, None, 0.0
+        log.write(' '.join(command) + '\n')
+        log.flush()
+        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL)
+    return run, code, time.perf_counter() - start
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    root = pathlib.Path(_ROOT.value)
+    datasets_dir = pathlib.Path(_DATASETS_DIR.value).resolve()
+    runs = _plan()
+    todo = [run for run in runs if not study.is_finished(root, run)]
+    if _LIST.value:
+        for run in runs:
+            print(f'{"done" if run not in todo else "todo"}  {run.name}  '
+                  f'{" ".join(run.flags(str(datasets_dir / run.dataset)))}')
+        print(f'{len(runs) - len(todo)} of {len(runs)} runs done')
+        return 0
+    if _PARALLEL.value < 1:
+        raise ValueError('--parallel must be >= 1')
+    missing = sorted({run.dataset for run in todo}
+                     - {d for d in study.DATASETS if (datasets_dir / d).is_dir()})
+    if missing:
+        raise DataError(f'no data folder for {", ".join(missing)} under {datasets_dir}')
+    root.mkdir(parents=True, exist_ok=True)
+    print(f'{len(runs) - len(todo)} of {len(runs)} runs already done; '
+          f'running {len(todo)} ({_PARALLEL.value} at a time) into {root}', flush=True)
+    start, failed = time.perf_counter(), []
+    with concurrent.futures.ThreadPoolExecutor(_PARALLEL.value) as pool:
+        futures = [pool.submit(_run_one, run, root, datasets_dir) for run in todo]
+        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            run, code, seconds = future.result()
+            if code is None:
+                status = 'skipped: another runner is running it'
+            elif code == 0:
+                status = 'ok'
+            else:
+                status = f'FAILED (exit {code}; see {run.name}.log)'
+                failed.append(run.name)
+            print(f'[{done}/{len(todo)}] {run.name}: {status} in {seconds:.0f} s',
+                  flush=True)
+    print(f'study: {len(todo) - len(failed)} runs in {time.perf_counter() - start:.0f} s'
+          + (f'; failed: {", ".join(failed)}' if failed else ''), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    _entry.run_main(main)

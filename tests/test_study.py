@@ -1,0 +1,193 @@
+"""The reproduction study: its plan, its statistics, and its two scripts."""
+
+import fcntl
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tff_fedrecgel import study
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _script(name, *args, cwd=REPO):
+    return subprocess.run(
+        [sys.executable, str(REPO / 'launch' / name), *args], cwd=cwd,
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_plan_is_complete_and_ordered():
+    runs = study.study_plan()
+    names = [run.name for run in runs]
+    assert len(names) == len(set(names))
+    per = {}
+    for run in runs:
+        if not run.name.split('/')[1].startswith(('sweep_', 'probe_')):
+            per.setdefault((run.dataset, run.method, run.validation), []).append(run.seed)
+    # Every method, both selections, 5 seeds on FilmTrust and 3 elsewhere;
+    # FilmTrust's ablations equal FedNCF / FedRecGEL there: one seed to check.
+    for dataset, seeds in (('filmtrust', 5), ('lastfm_2k', 3), ('amazon_video', 3)):
+        for method in study.METHODS:
+            for validation in (False, True):
+                expected = 1 if (dataset == 'filmtrust'
+                                 and method in ('sam_global', 'sam_local')) else seeds
+                assert per[(dataset, method, validation)] == list(range(expected))
+    sweep = [run for run in runs if 'sweep_' in run.name]
+    # 8 values x 2 radii, minus the SPEC point and FedNCF, times 3 seeds.
+    assert len(sweep) == 13 * 3
+    assert all((run.rho_sh, run.rho_ns) not in ((0.0, 0.02), (0.0, 0.0)) for run in sweep)
+    assert {run.rho_sh for run in sweep if run.rho_ns == 0.02} == set(study.SWEEP_GRID) - {0.0}
+    probes = [run for run in runs if run.sharpness_probe]
+    assert {(r.dataset, r.method) for r in probes} == {
+        (d, m) for d in study.DATASETS for m in study.PROBE_METHODS}
+    # The slowest method comes last; FilmTrust's main runs first.
+    first_fedrecon = next(i for i, r in enumerate(runs) if r.method == 'fedrecon')
+    assert all(r.method == 'fedrecon' for r in runs[first_fedrecon:])
+    assert runs[0].name == 'filmtrust/fedrecgel_seed0'
+
+
+def test_run_flags():
+    run = study.Run(name='filmtrust/sweep_rho_sh0.1_seed2', dataset='filmtrust',
+                    method='fedrecgel', seed=2, validation=True, rho_sh=0.1, rho_ns=0.02)
+    assert run.flags('/data/ft') == [
+        '--task=filmtrust', '--data_dir=/data/ft', '--algorithm=fedrecgel', '--seed=2',
+        '--validation', '--rho_sh=0.1', '--rho_ns=0.02']
+    probe = study.Run(name='x/probe', dataset='lastfm_2k', method='fedncf', seed=0,
+                      sharpness_probe=0.05)
+    assert probe.flags('d')[-1] == '--sharpness_probe=0.05'
+
+
+def _fake_run(root, name, *, method, seed, validation=False, hr, ndcg=0.5,
+              rho=(0.0, 0.02), probe=None, dataset='filmtrust', rounds=4):
+    folder = root / dataset / name
+    folder.mkdir(parents=True)
+    summary = {'best_round': 3, 'best_test_hr@10': hr, 'best_test_ndcg@10': ndcg,
+               'rounds': rounds, 'seconds_per_round': 0.5}
+    if validation:
+        summary.update({'best_valid_round': 2, 'best_valid_test_hr@10': hr - 0.01,
+                        'best_valid_test_ndcg@10': ndcg - 0.01})
+    (folder / 'summary.json').write_text(json.dumps(summary))
+    (folder / 'hparams.json').write_text(json.dumps({
+        'task': dataset, 'algorithm': method, 'seed': seed, 'validation': validation,
+        'rho_sh': rho[0], 'rho_ns': rho[1], 'sharpness_probe': probe}))
+    frame = pd.DataFrame({'round': range(1, rounds + 1),
+                          'test/hr@10': np.linspace(0.1, hr, rounds),
+                          'train/loss': np.linspace(1, 0.5, rounds)})
+    if probe:
+        frame['train/probe_sharpness_global'] = np.linspace(0.01, 0.001, rounds)
+        frame['train/probe_sharpness_local'] = np.linspace(0.02, 0.002, rounds)
+    frame.to_csv(folder / 'metrics.csv', index=False)
+
+
+@pytest.fixture
+def fake_study(tmp_path):
+    root = tmp_path / 'study'
+    gel = {0: 0.92, 1: 0.91, 2: 0.93}
+    ncf = {0: 0.90, 1: 0.91, 2: 0.90}
+    for seed in range(3):
+        for validation in (False, True):
+            suffix = '_valid' if validation else ''
+            _fake_run(root, f'fedrecgel{suffix}_seed{seed}', method='fedrecgel', seed=seed,
+                      validation=validation, hr=gel[seed])
+            _fake_run(root, f'fedncf{suffix}_seed{seed}', method='fedncf', seed=seed,
+                      validation=validation, hr=ncf[seed], rho=(0.0, 0.0))
+        _fake_run(root, f'sweep_rho_sh0.5_seed{seed}', method='fedrecgel', seed=seed,
+                  hr=0.80 + seed * 0.01, rho=(0.5, 0.02))
+    _fake_run(root, 'probe_fedrecgel_seed0', method='fedrecgel', seed=0, hr=0.92,
+              probe=0.05)
+    _fake_run(root, 'probe_fedncf_seed0', method='fedncf', seed=0, hr=0.90,
+              rho=(0.0, 0.0), probe=0.05)
+    return root
+
+
+def test_tables_from_runs(fake_study):
+    runs = study.collect(fake_study)
+    assert len(runs) == 17 and runs.sweep.sum() == 3 and runs.probe.sum() == 2
+    table = study.method_table(runs, 'filmtrust')
+    assert table.loc['fedrecgel', 'test_hr'] == pytest.approx(0.92)
+    assert table.loc['fedrecgel', 'test_hr_std'] == pytest.approx(0.01)
+    assert table.loc['fedrecgel', 'valid_hr'] == pytest.approx(0.91)
+    assert table.loc['fedncf', 'n_test'] == 3 and table.loc['fedncf', 'n_valid'] == 3
+    # FilmTrust's SAM-global ablation is FedNCF there (rho_sh = 0).
+    assert table.loc['sam_global', 'same_as'] == 'fedncf'
+    assert table.loc['sam_global', 'test_hr'] == table.loc['fedncf', 'test_hr']
+    assert table.loc['fedrecon', 'n_test'] == 0 and np.isnan(table.loc['fedrecon', 'test_hr'])
+    diff = study.paired_differences(runs, 'filmtrust')['test_hr']
+    assert diff['n'] == 3
+    assert diff['mean'] == pytest.approx((0.02 + 0.0 + 0.03) / 3)
+    assert diff['std'] == pytest.approx(np.std([0.02, 0.0, 0.03], ddof=1))
+    assert (diff['min'], diff['max']) == (pytest.approx(0.0), pytest.approx(0.03))
+    sweep = study.sweep_table(runs)
+    assert sweep.loc[('rho_sh', 0.5), 'hr'] == pytest.approx(0.81)
+    assert sweep.loc[('rho_sh', 0.0), 'hr'] == pytest.approx(0.92)  # The main runs.
+    assert sweep.loc[('rho_ns', 0.0), 'hr'] == pytest.approx(np.mean([0.90, 0.91, 0.90]))
+    assert sweep.loc[('rho_sh', 1.0), 'n'] == 0
+
+
+def test_report_script_writes_tables_csv_and_images(fake_study, tmp_path):
+    results = tmp_path / 'RESULTS.md'
+    results.write_text('# Results\n\nprose\n<!-- study-tables:begin -->\nold\n'
+                       '<!-- study-tables:end -->\nmore prose\n')
+    images = tmp_path / 'images'
+    args = [f'--root_output_dir={fake_study}', f'--results={results}',
+            f'--images_dir={images}', f'--runs_csv={tmp_path / "runs.csv"}']
+    done = _script('report_study.py', *args)
+    assert done.returncode == 0, done.stderr
+    text = results.read_text()
+    assert text.startswith('# Results\n\nprose\n') and text.endswith('more prose\n')
+    assert 'old' not in text
+    assert '| FedRecGEL | 0.9200 ± 0.0100 |' in text
+    assert '| FilmTrust | best test round | 3 | +0.0167' in text
+    assert '| 0.5 | 0.8100 ± 0.0100 |' in text
+    assert len(pd.read_csv(tmp_path / 'runs.csv')) == 17
+    for name in ('study_hr10.png', 'study_sharpness.png', 'study_sweep.png'):
+        assert (images / name).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    # Running it again gives the same file.
+    assert _script('report_study.py', *args).returncode == 0
+    assert results.read_text() == text
+
+
+def test_report_script_errors_are_one_line(fake_study, tmp_path):
+    no_markers = tmp_path / 'plain.md'
+    no_markers.write_text('# nothing\n')
+    for args in ([f'--root_output_dir={tmp_path / "empty"}'],
+                 [f'--root_output_dir={fake_study}', f'--results={no_markers}',
+                  f'--images_dir={tmp_path}', f'--runs_csv={tmp_path / "r.csv"}']):
+        done = _script('report_study.py', *args)
+        assert done.returncode == 2
+        assert done.stderr.strip().startswith('error: ')
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_runner_lists_and_refuses_bad_flags(tmp_path):
+    done = _script('run_study.py', f'--root_output_dir={tmp_path}', '--list')
+    assert done.returncode == 0, done.stderr
+    total = len(study.study_plan())
+    assert done.stdout.strip().splitlines()[-1] == f'0 of {total} runs done'
+    for bad in ('--datasets=movielens', '--methods=fedavg', '--parallel=0'):
+        done = _script('run_study.py', f'--root_output_dir={tmp_path}', bad)
+        assert done.returncode == 2 and done.stderr.startswith('error: '), done.stderr
+    done = _script('run_study.py', f'--root_output_dir={tmp_path}',
+                   f'--datasets_dir={tmp_path / "nowhere"}')
+    assert done.returncode == 2 and 'no data folder' in done.stderr
+
+
+def test_runner_skips_a_run_another_runner_holds(tmp_path):
+    """A locked run log means another runner trains it: this one skips it."""
+    datasets = tmp_path / 'data'
+    (datasets / 'filmtrust').mkdir(parents=True)
+    root = tmp_path / 'study'
+    (root / 'filmtrust').mkdir(parents=True)
+    with open(root / 'filmtrust' / 'fedmf_seed3.log', 'a') as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        done = _script('run_study.py', f'--root_output_dir={root}',
+                       f'--datasets_dir={datasets}', '--datasets=filmtrust',
+                       '--only=fedmf_seed3')
+    assert done.returncode == 0, done.stderr
+    assert 'filmtrust/fedmf_seed3: skipped' in done.stdout
+    assert not (root / 'filmtrust' / 'fedmf_seed3').exists()
