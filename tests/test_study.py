@@ -99,9 +99,9 @@ def fake_study(tmp_path):
         _fake_run(root, f'sweep_rho_sh0.5_seed{seed}', method='fedrecgel', seed=seed,
                   hr=0.80 + seed * 0.01, rho=(0.5, 0.02))
     _fake_run(root, 'probe_fedrecgel_seed0', method='fedrecgel', seed=0, hr=0.92,
-              probe=0.05)
+              probe=0.05, rounds=100)
     _fake_run(root, 'probe_fedncf_seed0', method='fedncf', seed=0, hr=0.90,
-              rho=(0.0, 0.0), probe=0.05)
+              rho=(0.0, 0.0), probe=0.05, rounds=100)
     return root
 
 
@@ -144,6 +144,8 @@ def test_report_script_writes_tables_csv_and_images(fake_study, tmp_path):
     assert '| FedRecGEL | 0.9200 ± 0.0100 |' in text
     assert '| FilmTrust | best test round | 3 | +0.0167' in text
     assert '| 0.5 | 0.8100 ± 0.0100 |' in text
+    late = np.linspace(0.01, 0.001, 100)[50:].mean()  # Rounds 51-100.
+    assert f'| FilmTrust | FedRecGEL | {late:.2e} | {2 * late:.2e} | yes |' in text
     assert len(pd.read_csv(tmp_path / 'runs.csv')) == 17
     for name in ('study_hr10.png', 'study_sharpness.png', 'study_sweep.png'):
         assert (images / name).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'

@@ -16,6 +16,10 @@ A client's data is one batch: its training positives with freshly sampled
 negatives (`train_dataset`). For evaluation (`eval_dataset`) a second batch
 holds the held-out item and its negatives; the first reconstructs, the second
 is ranked by `RankMetric`.
+
+For simulation speed, `build_fedrecon_process(group_size=...)` lets one TFF
+client stand for a group of users (`group_train_dataset`), still through
+`build_fed_recon`; it computes the same round as one user per client.
 """
 
 from __future__ import annotations
