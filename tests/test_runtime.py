@@ -1,9 +1,12 @@
 """TFF's worker process never outlives a program (CI reads pipes to the end)."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,12 +27,20 @@ _RUN_COMPUTATION = textwrap.dedent('''
 ''')
 
 
-def _run_piped(code):
-    """Runs code with stdout piped; returns its output or fails on a hang."""
+def _ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run_piped(code, ignore_sigint=False):
+    """Runs code with stdout piped; returns its output or fails on a hang.
+
+    With `ignore_sigint`, the program starts with SIGINT ignored, as a
+    background job of a non-interactive shell does (`cmd &` in a script).
+    """
     proc = subprocess.Popen(
         [sys.executable, '-c', code], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=_ignore_sigint if ignore_sigint else None)
     try:
         out, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -39,13 +50,18 @@ def _run_piped(code):
     return proc.returncode, out
 
 
-def test_shutdown_stops_the_worker():
-    """After shutdown_tff_workers no worker is left and the pipe closes."""
+@pytest.mark.parametrize('ignore_sigint', [False, True])
+def test_shutdown_stops_the_worker(ignore_sigint):
+    """After shutdown_tff_workers no worker is left and the pipe closes.
+
+    Also when the worker ignores SIGINT: TFF's own service manager would then
+    wait for it forever at exit.
+    """
     code = _RUN_COMPUTATION.format(repo=REPO) + textwrap.dedent('''
         runtime.shutdown_tff_workers()
         print('workers after shutdown:', len(runtime.worker_pids()), flush=True)
     ''')
-    returncode, out = _run_piped(code)
+    returncode, out = _run_piped(code, ignore_sigint)
     assert returncode == 0, out
     assert 'workers while running: 1' in out
     assert 'workers after shutdown: 0' in out

@@ -98,31 +98,54 @@ def _wait_gone(pids, timeout):
     return remaining
 
 
+def _exited(pid: int) -> bool:
+    """Whether `pid` has exited (a zombie or gone), without reaping it."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[0] in ('Z', 'X')
+    except (OSError, IndexError):
+        return True
+
+
+def _stop(pids: list[int], timeout: float) -> None:
+    """SIGINT (what TFF's own manager sends), then SIGKILL; never reaps."""
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not all(_exited(p) for p in pids):
+            time.sleep(0.02)
+        pids = [p for p in pids if not _exited(p)]
+        if not pids:
+            return
+
+
 def shutdown_tff_workers() -> None:
-    """Stops every TFF worker this process started (no-op without TFF)."""
+    """Stops every TFF worker this process started (no-op without TFF).
+
+    The workers are stopped first, and left unreaped: TFF's service manager,
+    collected next, sends its worker SIGINT and then waits for it with no
+    timeout. A worker that ignores SIGINT (it inherits that from a
+    background job of a non-interactive shell) would make that wait, and so
+    the program's exit, hang forever.
+    """
+    pids = worker_pids()
+    _stop(pids, timeout=5.0)
     tff = sys.modules.get('tensorflow_federated')
     if tff is not None:
         try:
             # An inert context replaces the executing one: its service
-            # manager stops the worker when collected, and no new manager is
-            # left to fail in its destructor at interpreter teardown.
+            # manager is collected (reaping its stopped worker), and no new
+            # manager is left to fail in its destructor at interpreter teardown.
             from tensorflow_federated.python.core.impl.context_stack import (  # pylint: disable=g-import-not-at-top
                 runtime_error_context,
             )
 
             tff.framework.set_default_context(runtime_error_context.RuntimeErrorContext())
         except Exception:  # pylint: disable=broad-except
-            pass  # Interpreter shutting down; fall through to the direct stop.
+            pass  # Interpreter shutting down.
         gc.collect()
-    pids = worker_pids()
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGINT)  # What TFF's own manager sends.
-        except ProcessLookupError:
-            pass
-    for pid in _wait_gone(pids, timeout=5.0):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    _wait_gone(pids, timeout=5.0)
+    _wait_gone(pids, timeout=1.0)  # Reap what no manager reaped.
