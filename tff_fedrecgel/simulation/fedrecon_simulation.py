@@ -22,9 +22,8 @@ from tff_fedrecgel.algorithms import fedrecon
 from tff_fedrecgel.data.client_data import FederatedTrainData
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.models import neumf
+from tff_fedrecgel.simulation import simulation as simulation_lib
 
-# Negatives of the evaluation's reconstruction batch: a fixed draw per user.
-_EVAL_ROUND = 0
 
 
 class FedReconSimulation:
@@ -150,7 +149,7 @@ class FedReconSimulation:
 
     def local_tables(self) -> list[np.ndarray]:
         """Every user's embedding as FedRecon's evaluation reconstructs it."""
-        batches = self._batches(range(self.split.num_users), _EVAL_ROUND)
+        batches = self._batches(range(self.split.num_users), simulation_lib.EVAL_ROUND)
         return evaluation.reconstruct_local_tables(
             self.model_config, self.work, self.global_weights, batches)
 
@@ -182,8 +181,9 @@ class FedReconSimulation:
                 reconstruction_steps=self.reconstruction_steps, local_lr=self.local_lr)
         users = list(range(self.split.num_users) if users is None else users)
         candidates = self.split.candidates(which)
+        batches = self._batches(users, simulation_lib.EVAL_ROUND)
         datasets = [fedrecon.eval_dataset(items, labels, candidates[u])
-                    for u, (items, labels) in zip(users, self._batches(users, _EVAL_ROUND))]
+                    for u, (items, labels) in zip(users, batches)]
         eval_state = self._eval_process.set_model_weights(
             self._eval_process.initialize(), self.process.get_model_weights(self.state))
         metrics = self._eval_process.next(eval_state, datasets).metrics

@@ -32,7 +32,7 @@ from tff_fedrecgel.simulation.client_states import ClientStateTable
 
 # Reconstruct-mode evaluation draws its reconstruction batches as "round 0"
 # (training rounds are numbered from 1).
-_EVAL_ROUND = 0
+EVAL_ROUND = 0
 
 
 def clients_per_round_for(num_users: int, fraction: float) -> int:
@@ -268,7 +268,7 @@ class FedRecSimulation:
         if self.persistent:
             return self.client_states.local_tables()
         users = range(self.split.num_users)
-        batches = self._batches(users, _EVAL_ROUND)
+        batches = self._batches(users, EVAL_ROUND)
         return evaluation.reconstruct_local_tables(
             self.model_config, self.work, self.global_weights, batches
         )
