@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -50,6 +51,11 @@ def setup_environment() -> None:
     # thread its memory crept up round after round (Amazon-Video: 1.9 GB
     # after 60 rounds instead of 1.3 GB with two arenas).
     os.environ.setdefault('MALLOC_ARENA_MAX', '2')
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # A background job of a shell script starts with SIGINT ignored, and
+        # TFF's worker would inherit that, though SIGINT is how TFF stops it
+        # (runtime.shutdown_tff_workers then needs its SIGKILL fallback).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def one_line(message: object) -> str:

@@ -76,3 +76,19 @@ def test_entry_point_hook_closes_the_pipe():
     returncode, out = _run_piped(code)
     assert returncode == 0, out
     assert 'workers while running: 1' in out
+
+
+def test_entry_points_restore_sigint_for_the_worker():
+    """Started with SIGINT ignored, an entry point handles it again, so the
+    worker it starts does not inherit the ignored SIGINT."""
+    code = textwrap.dedent(f'''
+        import signal, sys
+        sys.path.insert(0, {REPO!r})
+        print('ignored before:', signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+        from launch import _entry
+        _entry.setup_environment()
+        print('handled after:', signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    ''')
+    returncode, out = _run_piped(code, ignore_sigint=True)
+    assert returncode == 0, out
+    assert 'ignored before: True' in out and 'handled after: True' in out

@@ -93,11 +93,13 @@ class FedReconSimulation:
             range(split.num_users), replace=False, random_seed=seed)
         self.state = None
         self.round_num = 0
+        self._tables = None  # (round, tables) of the last evaluation.
 
     def initialize(self) -> None:
         """Sets round 0: the initial global weights and server state."""
         self.state = self.process.initialize()
         self.round_num = 0
+        self._tables = None
 
     def sample_clients(self, round_num: int) -> list[int]:
         """The cohort of `round_num` (uniform, without replacement)."""
@@ -148,10 +150,15 @@ class FedReconSimulation:
         return [np.asarray(w) for w in self.process.get_model_weights(self.state).trainable]
 
     def local_tables(self) -> list[np.ndarray]:
-        """Every user's embedding as FedRecon's evaluation reconstructs it."""
-        batches = self._batches(range(self.split.num_users), simulation_lib.EVAL_ROUND)
-        return evaluation.reconstruct_local_tables(
-            self.model_config, self.work, self.global_weights, batches)
+        """Every user's embedding as FedRecon's evaluation reconstructs it.
+
+        Kept for the round, so test and validation share one reconstruction.
+        """
+        if self._tables is None or self._tables[0] != self.round_num:
+            batches = self._batches(range(self.split.num_users), simulation_lib.EVAL_ROUND)
+            self._tables = (self.round_num, evaluation.reconstruct_local_tables(
+                self.model_config, self.work, self.global_weights, batches))
+        return self._tables[1]
 
     def evaluate(self, which: str = 'test') -> dict[str, float]:
         """HR@K and NDCG@K over all users (the fast batched path).
@@ -205,3 +212,4 @@ class FedReconSimulation:
         template = self.process.initialize()
         self.state = tf.nest.pack_sequence_as(template, list(state['server_state']))
         self.round_num = int(state['round_num'])
+        self._tables = None
