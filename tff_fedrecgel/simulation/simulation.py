@@ -125,6 +125,11 @@ class FedRecSimulation:
             group_client_work.check_supported(work)
         if max_group_examples < 1:
             raise ValueError('max_group_examples must be positive')
+        if sharpness_probe is not None and (
+                sharpness_probe <= 0 or workers is not None
+                or model_aggregator is not None or not self.persistent):
+            raise ValueError('sharpness_probe must be positive, with persistent '
+                             'local state, no workers and no custom aggregator')
         self.vectorized = vectorized
         self.max_group_examples = max_group_examples
         self.train_data = FederatedTrainData.from_split(split)
@@ -149,11 +154,6 @@ class FedRecSimulation:
         self._next = self.workers.next if self.workers else self.process.next
         self._probe = None
         if sharpness_probe is not None:
-            if sharpness_probe <= 0 or workers is not None or model_aggregator is not None:
-                raise ValueError('sharpness_probe must be positive, without workers '
-                                 'or a custom aggregator')
-            if not self.persistent:
-                raise ValueError('sharpness_probe needs persistent local state')
             self._probe = fedrecgel.build_fedrecgel_process(
                 model_config=model_config,
                 work=dataclasses.replace(work, rho_sh=sharpness_probe,
