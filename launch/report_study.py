@@ -224,6 +224,14 @@ def _band(ax, frames, column, label, color):
                         color=color, alpha=0.2, linewidth=0)
 
 
+def _save(fig, images: pathlib.Path, name: str, written: list[str]) -> None:
+    fig.tight_layout()
+    fig.savefig(images / name, dpi=110)
+    from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+    plt.close(fig)
+    written.append(name)
+
+
 def plot_curves(root: pathlib.Path, runs: pd.DataFrame, images: pathlib.Path) -> list[str]:
     """Writes the PNGs; returns their file names."""
     import matplotlib  # pylint: disable=g-import-not-at-top
@@ -259,10 +267,7 @@ def plot_curves(root: pathlib.Path, runs: pd.DataFrame, images: pathlib.Path) ->
                 low, high = tail.quantile(0.02), tail.max()
                 axes[1, col].set_xlim(40, tail.index.max())
                 axes[1, col].set_ylim(low - 0.1 * (high - low), high + 0.1 * (high - low))
-        fig.tight_layout()
-        fig.savefig(images / 'study_hr10.png', dpi=110)
-        plt.close(fig)
-        written.append('study_hr10.png')
+        _save(fig, images, 'study_hr10.png', written)
 
     probes = runs[runs.probe]
     datasets = [d for d in study.DATASETS if (probes.dataset == d).any()]
@@ -287,10 +292,7 @@ def plot_curves(root: pathlib.Path, runs: pd.DataFrame, images: pathlib.Path) ->
                 ax.set_ylabel(f'L(w + e) − L(w), radius {study.PROBE_RADIUS:g}')
                 ax.grid(alpha=0.3)
                 ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(images / 'study_sharpness.png', dpi=110)
-        plt.close(fig)
-        written.append('study_sharpness.png')
+        _save(fig, images, 'study_sharpness.png', written)
 
     table = study.sweep_table(runs)
     if table.n.any():
@@ -306,10 +308,7 @@ def plot_curves(root: pathlib.Path, runs: pd.DataFrame, images: pathlib.Path) ->
         ax.set_ylabel('FilmTrust best test HR@10')
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(images / 'study_sweep.png', dpi=110)
-        plt.close(fig)
-        written.append('study_sweep.png')
+        _save(fig, images, 'study_sweep.png', written)
     return written
 
 
