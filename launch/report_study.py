@@ -12,7 +12,8 @@ Reads every finished run's summary.json, hparams.json and metrics.csv under
 - every run's figures to --runs_csv;
 - PNG curves to --images_dir: study_hr10.png (HR@10 per round),
   study_sharpness.png (sharpness at one probe radius, with and without SAM)
-  and study_sweep.png (the FilmTrust radius sweep).
+  study_sweep.png (the FilmTrust radius sweep) and study_long.png (the
+  LastFM-2K runs past round 100).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def method_tables(runs: pd.DataFrame) -> list[str]:
 def _identity_lines(runs: pd.DataFrame, dataset: str) -> list[str]:
     """Checks that each redundant ablation's seed-0 run equals its twin."""
     lines = []
-    main = runs[(runs.dataset == dataset) & ~runs.sweep & ~runs.probe]
+    main = study.main_runs(runs, dataset)
     for method, twin in study.redundant_methods(dataset).items():
         for validation in (False, True):
             a = main[(main.method == method) & (main.validation == validation) & (main.seed == 0)]
@@ -115,14 +116,18 @@ def paired_table(runs: pd.DataFrame) -> list[str]:
              '| dataset | selection | seeds | ΔHR@10 mean ± std [min, max] '
              '| ΔNDCG@10 mean ± std [min, max] |', '|---|---|---|---|---|']
     for dataset in study.DATASETS:
-        diffs = study.paired_differences(runs, dataset)
-        for selection, name in (('test', 'best test round'), ('valid', 'best validation round')):
-            hr, ndcg = diffs[f'{selection}_hr'], diffs[f'{selection}_ndcg']
-            if not hr['n']:
-                continue
-            lines.append(
-                f'| {TITLES[dataset]} | {name} | {hr["n"]} '
-                f'| {_signed(hr)} | {_signed(ndcg)} |')
+        for long in (False, True):
+            diffs = study.paired_differences(runs, dataset, long=long)
+            for selection, name in (('test', 'best test round'),
+                                    ('valid', 'best validation round')):
+                hr, ndcg = diffs[f'{selection}_hr'], diffs[f'{selection}_ndcg']
+                if not hr['n']:
+                    continue
+                if long:
+                    name += f' of {study.LONG_ROUNDS}'
+                lines.append(
+                    f'| {TITLES[dataset]} | {name} | {hr["n"]} '
+                    f'| {_signed(hr)} | {_signed(ndcg)} |')
     return lines + ['']
 
 
@@ -159,7 +164,8 @@ def probe_lines(runs: pd.DataFrame, root: pathlib.Path) -> list[str]:
              'rounds 51-100)', '',
              '| dataset | method | global part | local part | same training as the '
              'main run |', '|---|---|---|---|---|']
-    main = runs[~runs.sweep & ~runs.probe & ~runs.validation & (runs.seed == 0)]
+    main = study.main_runs(runs)
+    main = main[~main.validation & (main.seed == 0)]
     columns = ['train/probe_sharpness_global', 'train/probe_sharpness_local']
     for _, probe in probes.sort_values(['dataset', 'method']).iterrows():
         frame = study.curves(root, probes[probes.name == probe['name']],
@@ -174,6 +180,45 @@ def probe_lines(runs: pd.DataFrame, root: pathlib.Path) -> list[str]:
         lines.append(f'| {TITLES[probe.dataset]} | {LABELS[probe.method]} '
                      f'| {late[columns[0]].mean():.2e} | {late[columns[1]].mean():.2e} '
                      f'| {same} |')
+    return lines + ['']
+
+
+LONG_CHECKPOINTS = (100, 200, 300, 400)
+
+
+def long_lines(runs: pd.DataFrame, root: pathlib.Path) -> list[str]:
+    """HR@10 of the long runs at several rounds, and a check that their first
+    rounds equal the main seed-0 run's (same seed, same schedule)."""
+    long_runs = runs[runs.long]
+    if long_runs.empty:
+        return []
+    lines = [f'### Past round 100: {study.LONG_ROUNDS} rounds (test HR@10 / NDCG@10)', '',
+             '| dataset | method | seed | '
+             + ' | '.join(f'round {r}' for r in LONG_CHECKPOINTS)
+             + ' | best test round | rounds 1-100 equal the main run |',
+             '|---|---|---|' + '---|' * (len(LONG_CHECKPOINTS) + 2)]
+    main = study.main_runs(runs)
+    main = main[~main.validation]
+    columns = ['test/hr@10', 'test/ndcg@10']
+    for _, run in long_runs.sort_values(['dataset', 'method', 'seed']).iterrows():
+        frame = study.curves(root, long_runs[long_runs.name == run['name']],
+                             columns).get(run['name'])
+        if frame is None or not all(c in frame for c in columns):
+            continue
+        cells = [f'{frame.loc[r, columns[0]]:.4f} / {frame.loc[r, columns[1]]:.4f}'
+                 if r in frame.index else '—' for r in LONG_CHECKPOINTS]
+        twin = main[(main.dataset == run.dataset) & (main.method == run.method)
+                    & (main.seed == run.seed)]
+        twin_frame = study.curves(root, twin, columns).get(
+            twin.name.iloc[0]) if len(twin) else None
+        same = '—' if twin_frame is None else (
+            'yes' if twin_frame.index.isin(frame.index).all() and np.array_equal(
+                twin_frame[columns].to_numpy(),
+                frame.loc[twin_frame.index, columns].to_numpy()) else 'NO')
+        lines.append(f'| {TITLES[run.dataset]} | {LABELS[run.method]} | {run.seed} | '
+                     + ' | '.join(cells)
+                     + f' | {run.test_hr:.4f} / {run.test_ndcg:.4f} (round '
+                       f'{run.test_round:.0f}) | {same} |')
     return lines + ['']
 
 
@@ -199,7 +244,7 @@ def tables_block(runs: pd.DataFrame, root: pathlib.Path) -> str:
     lines = [BEGIN, '<!-- Generated by launch/report_study.py; edit the script, '
              'not this block. -->', '']
     lines += (method_tables(runs) + paired_table(runs) + sweep_lines(runs)
-              + probe_lines(runs, root) + cost_lines(runs))
+              + probe_lines(runs, root) + long_lines(runs, root) + cost_lines(runs))
     return '\n'.join(lines + [END])
 
 
@@ -218,7 +263,7 @@ def _band(ax, frames, column, label, color):
         return
     joined = pd.concat(series, axis=1)
     ax.plot(joined.index, joined.mean(axis=1), color=color,
-            label=f'{label} ({joined.shape[1]} seeds)')
+            label=f'{label} ({joined.shape[1]} seed{"s" * (joined.shape[1] > 1)})')
     if joined.shape[1] > 1:
         ax.fill_between(joined.index, joined.min(axis=1), joined.max(axis=1),
                         color=color, alpha=0.2, linewidth=0)
@@ -240,7 +285,8 @@ def plot_curves(root: pathlib.Path, runs: pd.DataFrame, images: pathlib.Path) ->
 
     images.mkdir(parents=True, exist_ok=True)
     written = []
-    main = runs[~runs.sweep & ~runs.probe & ~runs.validation]
+    main = study.main_runs(runs)
+    main = main[~main.validation]
     colors = {'fedrecgel': 'tab:red', 'fedncf': 'tab:blue', 'fedrecon': 'tab:green',
               'fedmf': 'tab:gray'}
     datasets = [d for d in study.DATASETS if (main.dataset == d).any()]
@@ -309,7 +355,29 @@ def plot_curves(root: pathlib.Path, runs: pd.DataFrame, images: pathlib.Path) ->
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         _save(fig, images, 'study_sweep.png', written)
+    _plot_long(root, runs, images, written, colors)
     return written
+
+
+def _plot_long(root, runs, images, written, colors) -> None:
+    """study_long.png: the long runs' HR@10 and NDCG@10 per round."""
+    from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+    long_runs = runs[runs.long]
+    if long_runs.empty:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, metric, label in zip(axes, ('hr@10', 'ndcg@10'), ('HR@10', 'NDCG@10')):
+        for method in study.PROBE_METHODS:
+            chosen = long_runs[long_runs.method == method]
+            frames = list(study.curves(root, chosen, [f'test/{metric}']).values())
+            _band(ax, frames, f'test/{metric}', LABELS[method], colors[method])
+        ax.axvline(100, color='black', linewidth=0.8, linestyle=':')
+        ax.set_xlabel('round')
+        ax.set_ylabel(f'test {label} (mean; band: seeds min–max)')
+        ax.set_title(f'{", ".join(sorted({TITLES[d] for d in long_runs.dataset}))}: {label}')
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    _save(fig, images, 'study_long.png', written)
 
 
 def main(argv: list[str]) -> int:

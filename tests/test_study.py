@@ -27,7 +27,7 @@ def test_plan_is_complete_and_ordered():
     assert len(names) == len(set(names))
     per = {}
     for run in runs:
-        if not run.name.split('/')[1].startswith(('sweep_', 'probe_')):
+        if not run.name.split('/')[1].startswith(('sweep_', 'probe_', 'long')):
             per.setdefault((run.dataset, run.method, run.validation), []).append(run.seed)
     # Every method, both selections, 5 seeds on FilmTrust and 3 elsewhere;
     # FilmTrust's ablations equal FedNCF / FedRecGEL there: one seed to check.
@@ -45,6 +45,10 @@ def test_plan_is_complete_and_ordered():
     probes = [run for run in runs if run.sharpness_probe]
     assert {(r.dataset, r.method) for r in probes} == {
         (d, m) for d in study.DATASETS for m in study.PROBE_METHODS}
+    long_runs = [run for run in runs if run.total_rounds]
+    assert sorted((r.dataset, r.method, r.seed) for r in long_runs) == sorted(
+        ('lastfm_2k', m, s) for m in ('fedrecgel', 'fedncf') for s in range(3))
+    assert long_runs[0].flags('d')[-1] == f'--total_rounds={study.LONG_ROUNDS}'
     # The slowest method comes last; FilmTrust's main runs first.
     first_fedrecon = next(i for i, r in enumerate(runs) if r.method == 'fedrecon')
     assert all(r.method == 'fedrecon' for r in runs[first_fedrecon:])
@@ -77,6 +81,7 @@ def _fake_run(root, name, *, method, seed, validation=False, hr, ndcg=0.5,
         'rho_sh': rho[0], 'rho_ns': rho[1], 'sharpness_probe': probe}))
     frame = pd.DataFrame({'round': range(1, rounds + 1),
                           'test/hr@10': np.linspace(0.1, hr, rounds),
+                          'test/ndcg@10': np.linspace(0.05, ndcg, rounds),
                           'train/loss': np.linspace(1, 0.5, rounds)})
     if probe:
         frame['train/probe_sharpness_global'] = np.linspace(0.01, 0.001, rounds)
@@ -102,12 +107,24 @@ def fake_study(tmp_path):
               probe=0.05, rounds=100)
     _fake_run(root, 'probe_fedncf_seed0', method='fedncf', seed=0, hr=0.90,
               rho=(0.0, 0.0), probe=0.05, rounds=100)
+    # A long run: the main seed-0 run's 4 rounds, then 196 more.
+    _fake_run(root, 'long400_fedrecgel_seed0', method='fedrecgel', seed=0, hr=0.95,
+              rounds=200)
+    metrics = root / 'filmtrust' / 'long400_fedrecgel_seed0' / 'metrics.csv'
+    frame = pd.read_csv(metrics)
+    frame.loc[:3, ['test/hr@10', 'test/ndcg@10']] = pd.read_csv(
+        root / 'filmtrust' / 'fedrecgel_seed0' / 'metrics.csv')[['test/hr@10', 'test/ndcg@10']]
+    frame.to_csv(metrics, index=False)
+    # Its FedNCF twin was left as generated: its first rounds differ.
+    _fake_run(root, 'long400_fedncf_seed0', method='fedncf', seed=0, hr=0.94,
+              rho=(0.0, 0.0), rounds=200)
     return root
 
 
 def test_tables_from_runs(fake_study):
     runs = study.collect(fake_study)
-    assert len(runs) == 17 and runs.sweep.sum() == 3 and runs.probe.sum() == 2
+    assert len(runs) == 19 and runs.sweep.sum() == 3 and runs.probe.sum() == 2
+    assert runs.long.sum() == 2
     table = study.method_table(runs, 'filmtrust')
     assert table.loc['fedrecgel', 'test_hr'] == pytest.approx(0.92)
     assert table.loc['fedrecgel', 'test_hr_std'] == pytest.approx(0.01)
@@ -119,6 +136,8 @@ def test_tables_from_runs(fake_study):
     assert table.loc['fedrecon', 'n_test'] == 0 and np.isnan(table.loc['fedrecon', 'test_hr'])
     diff = study.paired_differences(runs, 'filmtrust')['test_hr']
     assert diff['n'] == 3
+    long_diff = study.paired_differences(runs, 'filmtrust', long=True)['test_hr']
+    assert long_diff['n'] == 1 and long_diff['mean'] == pytest.approx(0.01)
     assert diff['mean'] == pytest.approx((0.02 + 0.0 + 0.03) / 3)
     assert diff['std'] == pytest.approx(np.std([0.02, 0.0, 0.03], ddof=1))
     assert (diff['min'], diff['max']) == (pytest.approx(0.0), pytest.approx(0.03))
@@ -146,8 +165,15 @@ def test_report_script_writes_tables_csv_and_images(fake_study, tmp_path):
     assert '| 0.5 | 0.8100 ± 0.0100 |' in text
     late = np.linspace(0.01, 0.001, 100)[50:].mean()  # Rounds 51-100.
     assert f'| FilmTrust | FedRecGEL | {late:.2e} | {2 * late:.2e} | yes |' in text
-    assert len(pd.read_csv(tmp_path / 'runs.csv')) == 17
-    for name in ('study_hr10.png', 'study_sharpness.png', 'study_sweep.png'):
+    long_hr = np.linspace(0.1, 0.95, 200)[[99, 199]]
+    assert f'| FilmTrust | FedRecGEL | 0 | {long_hr[0]:.4f} / ' in text
+    assert f'| {long_hr[1]:.4f} / ' in text
+    assert '| — | — | 0.9500 / 0.5000 (round 3) | yes |' in text
+    assert '| — | — | 0.9400 / 0.5000 (round 3) | NO |' in text
+    assert '| FilmTrust | best test round of 400 | 1 | +0.0100 [' in text
+    assert len(pd.read_csv(tmp_path / 'runs.csv')) == 19
+    for name in ('study_hr10.png', 'study_sharpness.png', 'study_sweep.png',
+                 'study_long.png'):
         assert (images / name).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     # Running it again gives the same file.
     assert _script('report_study.py', *args).returncode == 0

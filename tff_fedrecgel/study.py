@@ -27,6 +27,11 @@ PROBE_METHODS = ('fedrecgel', 'fedncf')
 # SPEC.md's radii (rho_sh, rho_ns) of the authors' final runs.
 SPEC_RADII = {'filmtrust': (0.0, 0.02), 'lastfm_2k': (0.01, 0.01),
               'amazon_video': (0.01, 0.2)}
+# LastFM-2K is still improving at round 100; these runs go on to
+# LONG_ROUNDS (rounds 1-100 equal the main run of the same seed).
+LONG_ROUNDS = 400
+LONG_RUNS = (('lastfm_2k', 'fedrecgel'), ('lastfm_2k', 'fedncf'))
+LONG_SEEDS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +49,7 @@ class Run:
       rho_ns: Radius override of a sweep run (None: the method's).
       sharpness_probe: `--sharpness_probe` radius of a probe run (its
         training equals the main run of the same seed).
+      total_rounds: `--total_rounds` of a long run (None: the task's 100).
     """
     name: str
     dataset: str
@@ -53,6 +59,7 @@ class Run:
     rho_sh: float | None = None
     rho_ns: float | None = None
     sharpness_probe: float | None = None
+    total_rounds: int | None = None
 
     def flags(self, data_dir: str) -> list[str]:
         """`launch/train.py` flags of this run (without the output flags)."""
@@ -66,6 +73,8 @@ class Run:
             out.append(f'--rho_ns={self.rho_ns:g}')
         if self.sharpness_probe is not None:
             out.append(f'--sharpness_probe={self.sharpness_probe:g}')
+        if self.total_rounds is not None:
+            out.append(f'--total_rounds={self.total_rounds}')
         return out
 
 
@@ -117,6 +126,11 @@ def study_plan(*, seeds: dict[str, int] | None = None, sweep_seeds: int = 3,
         runs += [Run(name=f'{dataset}/probe_{method}_seed0', dataset=dataset,
                      method=method, seed=0, sharpness_probe=PROBE_RADIUS)
                  for method in PROBE_METHODS if method in methods]
+        runs += [Run(name=f'{dataset}/long{LONG_ROUNDS}_{method}_seed{seed}',
+                     dataset=dataset, method=method, seed=seed,
+                     total_rounds=LONG_ROUNDS)
+                 for seed in range(LONG_SEEDS) for long_dataset, method in LONG_RUNS
+                 if long_dataset == dataset and method in methods]
     if 'filmtrust' in datasets and 'fedrecgel' in methods:
         rho_sh, rho_ns = SPEC_RADII['filmtrust']
         for seed in range(sweep_seeds):
@@ -136,14 +150,16 @@ def study_plan(*, seeds: dict[str, int] | None = None, sweep_seeds: int = 3,
 def _priority(run: Run) -> tuple[int, int]:
     """Order of value: FilmTrust; the other datasets' test-selected runs; the
     sharpness probes and one sweep seed; validation runs (FedRecGEL and
-    FedNCF first); more sweep seeds. FedRecon, the slowest method, comes after
-    all the others (test-selected first)."""
+    FedNCF first); more sweep seeds; the long runs. FedRecon, the slowest
+    method, comes after all the others (test-selected first)."""
     if run.method == 'fedrecon':
         return 9, int(run.validation)
     if run.name.startswith('filmtrust/sweep_'):
         return (2 if run.seed == 0 else 5), 0
     if run.sharpness_probe is not None:
         return 2, 0
+    if run.total_rounds is not None:
+        return 6, 0
     if run.dataset == 'filmtrust':
         return 0, 0
     if not run.validation:
@@ -161,8 +177,9 @@ def collect(root: pathlib.Path) -> pd.DataFrame:
 
     Columns: name, dataset, method, seed, validation, rho_sh, rho_ns,
     rounds, seconds_per_round, test_hr, test_ndcg, test_round (best test
-    round), and for validation runs valid_hr, valid_ndcg, valid_round (test
-    metrics at the best validation round).
+    round); for validation runs valid_hr, valid_ndcg, valid_round (test
+    metrics at the best validation round); and the kind flags sweep, probe
+    and long.
     """
     rows = []
     for summary_path in sorted(pathlib.Path(root).glob('*/*/summary.json')):
@@ -184,6 +201,7 @@ def collect(root: pathlib.Path) -> pd.DataFrame:
         }
         row['sweep'] = row['name'].split('/')[1].startswith('sweep_')
         row['probe'] = hparams.get('sharpness_probe') is not None
+        row['long'] = row['name'].split('/')[1].startswith('long')
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -192,6 +210,13 @@ def _mean_std(values: pd.Series) -> tuple[float, float, int]:
     values = values.dropna()
     std = float(values.std(ddof=1)) if len(values) > 1 else math.nan
     return float(values.mean()) if len(values) else math.nan, std, len(values)
+
+
+def main_runs(runs: pd.DataFrame, dataset: str | None = None) -> pd.DataFrame:
+    """The 100-round method runs (no sweep, probe or long run) of `dataset`
+    (None: of every dataset)."""
+    chosen = runs[~runs.sweep & ~runs.probe & ~runs.long]
+    return chosen if dataset is None else chosen[chosen.dataset == dataset]
 
 
 def method_table(runs: pd.DataFrame, dataset: str) -> pd.DataFrame:
@@ -206,7 +231,7 @@ def method_table(runs: pd.DataFrame, dataset: str) -> pd.DataFrame:
       test_ndcg, test_ndcg_std, n_test, valid_hr, valid_hr_std, valid_ndcg,
       valid_ndcg_std, n_valid (NaN where no run finished).
     """
-    main = runs[(runs.dataset == dataset) & ~runs.sweep & ~runs.probe]
+    main = main_runs(runs, dataset)
     redundant = redundant_methods(dataset)
     rows = []
     for method in METHODS:
@@ -224,17 +249,26 @@ def method_table(runs: pd.DataFrame, dataset: str) -> pd.DataFrame:
 
 
 def paired_differences(runs: pd.DataFrame, dataset: str, *, method: str = 'fedrecgel',
-                       baseline: str = 'fedncf') -> dict[str, dict[str, float]]:
+                       baseline: str = 'fedncf',
+                       long: bool = False) -> dict[str, dict[str, float]]:
     """Seed-paired `method` minus `baseline` differences of HR@10 and NDCG@10.
 
     Runs with the same seed share the initial weights, client sampling and
     negatives, so pairing removes that part of the seed noise.
 
+    Args:
+      runs: The output of `collect`.
+      dataset: Task name.
+      method: The method whose gain is measured.
+      baseline: The method it is compared with.
+      long: Pair the long runs (`LONG_ROUNDS` rounds) instead of the main ones.
+
     Returns:
       For each selection ('test', 'valid') and metric ('hr', 'ndcg'), under
       keys like 'test_hr': mean, std (sample), n, and the seeds' min and max.
     """
-    main = runs[(runs.dataset == dataset) & ~runs.sweep & ~runs.probe]
+    main = (runs[runs.long & (runs.dataset == dataset)] if long
+            else main_runs(runs, dataset))
     out = {}
     for selection, flag in (('test', False), ('valid', True)):
         chosen = main[main.validation == flag]
@@ -265,7 +299,7 @@ def sweep_table(runs: pd.DataFrame) -> pd.DataFrame:
       Rows indexed by (radius, value) with hr, hr_std, ndcg, ndcg_std, n.
     """
     film = runs[(runs.dataset == 'filmtrust') & ~runs.validation & ~runs.probe
-                & runs.method.isin(['fedrecgel', 'fedncf'])]
+                & ~runs.long & runs.method.isin(['fedrecgel', 'fedncf'])]
     rho_sh0, rho_ns0 = SPEC_RADII['filmtrust']
     rows = []
     for radius in ('rho_sh', 'rho_ns'):
