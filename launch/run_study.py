@@ -117,21 +117,23 @@ def main(argv: list[str]) -> int:
     root.mkdir(parents=True, exist_ok=True)
     print(f'{len(runs) - len(todo)} of {len(runs)} runs already done; '
           f'running {len(todo)} ({_PARALLEL.value} at a time) into {root}', flush=True)
-    start, failed = time.perf_counter(), []
+    start, failed, skipped = time.perf_counter(), [], 0
     with concurrent.futures.ThreadPoolExecutor(_PARALLEL.value) as pool:
         futures = [pool.submit(_run_one, run, root, datasets_dir) for run in todo]
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
             run, code, seconds = future.result()
             if code is None:
                 status = 'skipped: another runner is running it'
+                skipped += 1
             elif code == 0:
-                status = 'ok'
+                status = f'ok in {seconds:.0f} s'
             else:
                 status = f'FAILED (exit {code}; see {run.name}.log)'
                 failed.append(run.name)
-            print(f'[{done}/{len(todo)}] {run.name}: {status} in {seconds:.0f} s',
-                  flush=True)
-    print(f'study: {len(todo) - len(failed)} runs in {time.perf_counter() - start:.0f} s'
+            print(f'[{done}/{len(todo)}] {run.name}: {status}', flush=True)
+    finished = len(todo) - len(failed) - skipped
+    print(f'study: {finished} runs in {time.perf_counter() - start:.0f} s'
+          + (f'; {skipped} skipped' if skipped else '')
           + (f'; failed: {", ".join(failed)}' if failed else ''), flush=True)
     return 1 if failed else 0
 

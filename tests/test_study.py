@@ -218,4 +218,5 @@ def test_runner_skips_a_run_another_runner_holds(tmp_path):
                        '--only=fedmf_seed3')
     assert done.returncode == 0, done.stderr
     assert 'filmtrust/fedmf_seed3: skipped' in done.stdout
+    assert 'study: 0 runs in' in done.stdout and '; 1 skipped' in done.stdout
     assert not (root / 'filmtrust' / 'fedmf_seed3').exists()
