@@ -183,20 +183,18 @@ def probe_lines(runs: pd.DataFrame, root: pathlib.Path) -> list[str]:
     return lines + ['']
 
 
-LONG_CHECKPOINTS = (100, 200, 300, 400)
-
-
 def long_lines(runs: pd.DataFrame, root: pathlib.Path) -> list[str]:
-    """HR@10 of the long runs at several rounds, and a check that their first
-    rounds equal the main seed-0 run's (same seed, same schedule)."""
+    """HR@10 and NDCG@10 of the long runs every 100 rounds, and a check that
+    their first rounds equal the main run's of the same seed."""
     long_runs = runs[runs.long]
     if long_runs.empty:
         return []
+    checkpoints = range(100, study.LONG_ROUNDS + 1, 100)
     lines = [f'### Past round 100: {study.LONG_ROUNDS} rounds (test HR@10 / NDCG@10)', '',
              '| dataset | method | seed | '
-             + ' | '.join(f'round {r}' for r in LONG_CHECKPOINTS)
+             + ' | '.join(f'round {r}' for r in checkpoints)
              + ' | best test round | rounds 1-100 equal the main run |',
-             '|---|---|---|' + '---|' * (len(LONG_CHECKPOINTS) + 2)]
+             '|---|---|---|' + '---|' * (len(checkpoints) + 2)]
     main = study.main_runs(runs)
     main = main[~main.validation]
     columns = ['test/hr@10', 'test/ndcg@10']
@@ -206,7 +204,7 @@ def long_lines(runs: pd.DataFrame, root: pathlib.Path) -> list[str]:
         if frame is None or not all(c in frame for c in columns):
             continue
         cells = [f'{frame.loc[r, columns[0]]:.4f} / {frame.loc[r, columns[1]]:.4f}'
-                 if r in frame.index else '—' for r in LONG_CHECKPOINTS]
+                 if r in frame.index else '—' for r in checkpoints]
         twin = main[(main.dataset == run.dataset) & (main.method == run.method)
                     & (main.seed == run.seed)]
         twin_frame = study.curves(root, twin, columns).get(
@@ -367,7 +365,7 @@ def _plot_long(root, runs, images, written, colors) -> None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, metric, label in zip(axes, ('hr@10', 'ndcg@10'), ('HR@10', 'NDCG@10')):
-        for method in study.PROBE_METHODS:
+        for method in dict.fromkeys(method for _, method in study.LONG_RUNS):
             chosen = long_runs[long_runs.method == method]
             frames = list(study.curves(root, chosen, [f'test/{metric}']).values())
             _band(ax, frames, f'test/{metric}', LABELS[method], colors[method])
