@@ -10,26 +10,13 @@ from __future__ import annotations
 from absl import flags
 
 import tasks
+from tff_fedrecgel import methods
 from tff_fedrecgel.errors import DataError
-
-ALGORITHMS = ('fedrecgel', 'fedncf', 'sam_global', 'sam_local', 'fedmf', 'fedrecon')
-# Radii an algorithm fixes (None: the task's or the flag's).
-_FORCED_RADII = {
-    'fedncf': (0.0, 0.0),
-    'fedmf': (0.0, 0.0),
-    'fedrecon': (0.0, 0.0),
-    'sam_global': (None, 0.0),
-    'sam_local': (0.0, None),
-}
 
 TASK = flags.DEFINE_enum('task', None, tasks.TASK_NAMES, 'Dataset task.')
 ALGORITHM = flags.DEFINE_enum(
-    'algorithm', 'fedrecgel', ALGORITHMS,
-    'fedrecgel: SAM with the task radii; fedncf: no SAM; sam_global / '
-    'sam_local: SAM on the global or local part only (ablations); fedmf: the '
-    'GMF-only model without SAM; fedrecon: TFF\'s Federated Reconstruction '
-    '(build_fed_recon) on the same NeuMF, user embeddings rebuilt from zeros '
-    'by --reconstruction_steps Adam steps every round, one user per TFF client.')
+    'algorithm', 'fedrecgel', methods.METHOD_NAMES,
+    '; '.join(f'{m.name}: {m.description}' for m in methods.METHODS.values()) + '.')
 RHO_SH = flags.DEFINE_float(
     'rho_sh', None, 'SAM radius of the global (item) part (default: task\'s).')
 RHO_NS = flags.DEFINE_float(
@@ -78,18 +65,14 @@ def radii(task: tasks.Task) -> tuple[float, float]:
     Raises:
       ValueError: If a flag contradicts the radius the algorithm fixes.
     """
-    algorithm = ALGORITHM.value
-    rho_sh = task.rho_sh if RHO_SH.value is None else RHO_SH.value
-    rho_ns = task.rho_ns if RHO_NS.value is None else RHO_NS.value
-    forced = _FORCED_RADII.get(algorithm, (None, None))
-    for name, holder, value in (('rho_sh', RHO_SH, forced[0]),
-                                ('rho_ns', RHO_NS, forced[1])):
+    method = methods.get_method(ALGORITHM.value)
+    for name, holder, value in (('rho_sh', RHO_SH, method.rho_sh),
+                                ('rho_ns', RHO_NS, method.rho_ns)):
         if value is not None and holder.present and holder.value != value:
-            raise ValueError(f'--algorithm={algorithm} sets --{name}={value}; '
+            raise ValueError(f'--algorithm={method.name} sets --{name}={value}; '
                              f'drop --{name}={holder.value}')
-    rho_sh = rho_sh if forced[0] is None else forced[0]
-    rho_ns = rho_ns if forced[1] is None else forced[1]
-    return float(rho_sh), float(rho_ns)
+    return method.radii(task.rho_sh if RHO_SH.value is None else RHO_SH.value,
+                        task.rho_ns if RHO_NS.value is None else RHO_NS.value)
 
 
 def client_work_config(task: tasks.Task):
@@ -109,8 +92,6 @@ def client_work_config(task: tasks.Task):
 
 def model_config(num_items: int):
     """The `ModelConfig` of the algorithm (FedMF: GMF only)."""
-    from tff_fedrecgel.models import ModelConfig  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import simulation  # pylint: disable=g-import-not-at-top
 
-    if ALGORITHM.value == 'fedmf':
-        return ModelConfig(num_items=num_items, use_mlp=False, mlp_layers=())
-    return ModelConfig(num_items=num_items)
+    return simulation.model_config_for(methods.get_method(ALGORITHM.value), num_items)

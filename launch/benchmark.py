@@ -2,11 +2,11 @@ r"""Times FedRecGEL rounds and evaluation; prints figures, never asserts them.
 
 Examples (from the repository root)::
 
-    python launch/benchmark.py --dataset=filmtrust \
-        --data_dir=../shared/datasets/filmtrust
-    python launch/benchmark.py --dataset=amazon_video \
-        --data_dir=../shared/datasets/amazon_video --path=per_user --rounds=2
-    python launch/benchmark.py --dataset=synthetic --num_users=100000 \
+    python launch/benchmark.py --task=filmtrust \
+        --data_dir=/path/to/filmtrust
+    python launch/benchmark.py --task=amazon_video \
+        --data_dir=/path/to/amazon_video --simulation=per_user --rounds=2
+    python launch/benchmark.py --task=synthetic --num_users=100000 \
         --num_items=20000 --clients_per_round=1000
 
 Runs `--warmup` rounds (tracing, worker start), then times `--rounds` rounds
@@ -45,9 +45,9 @@ from tff_fedrecgel.errors import DataError
 # with the task radii, evaluation every round (SPEC.md, reference figures).
 AUTHORS_SECONDS_PER_ROUND = {'filmtrust': 3.7, 'lastfm_2k': 12.1, 'amazon_video': 47.0}
 
-_DATASET = flags.DEFINE_enum('dataset', None, tasks.TASK_NAMES, 'Dataset task.')
-_PATH = flags.DEFINE_enum(
-    'path', 'vectorized', ['vectorized', 'per_user'],
+_TASK = flags.DEFINE_enum('task', None, tasks.TASK_NAMES, 'Dataset task.')
+_SIMULATION = flags.DEFINE_enum(
+    'simulation', 'vectorized', ['vectorized', 'per_user'],
     'vectorized: several users per TFF client; per_user: one user per client.')
 _CLIENTS_PER_ROUND = flags.DEFINE_list(
     'clients_per_round', None,
@@ -67,11 +67,11 @@ _EVAL = flags.DEFINE_bool('eval', True, 'Also time the evaluation of all users.'
 def main(argv: list[str]) -> int:
     """Entry point."""
     del argv  # Stray arguments are refused by _entry.run_main.
-    if not _DATASET.value:
-        raise DataError(f'--dataset is required; choose one of {", ".join(tasks.TASK_NAMES)}')
+    if not _TASK.value:
+        raise DataError(f'--task is required; choose one of {", ".join(tasks.TASK_NAMES)}')
     if _ROUNDS.value < 1 or _WARMUP.value < 0:
         raise ValueError('--rounds must be >= 1 and --warmup >= 0')
-    task = tasks.get_task(_DATASET.value)
+    task = tasks.get_task(_TASK.value)
     start = time.perf_counter()
     split = task.load_split(data_dir=_data_flags.DATA_DIR.value,
                             cache_dir=_CACHE_DIR.value,
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
 
     # pylint: disable=g-import-not-at-top
     from tff_fedrecgel.algorithms import ClientWorkConfig
-    from tff_fedrecgel.simulation.simulation import clients_per_round_for
+    from tff_fedrecgel.simulation import clients_per_round_for
     # pylint: enable=g-import-not-at-top
 
     default_clients = clients_per_round_for(split.num_users, task.client_fraction)
@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
     results = []
     for clients in cohorts:
         result = _measure(split, work, clients)
-        result.update(dataset=task.name, load_seconds=round(load_seconds, 2),
+        result.update(task=task.name, load_seconds=round(load_seconds, 2),
                       data_peak_rss_mb=round(data_peak_rss_mb, 1))
         authors = AUTHORS_SECONDS_PER_ROUND.get(task.name)
         if authors and _EVAL.value and clients == default_clients:
@@ -119,16 +119,12 @@ def main(argv: list[str]) -> int:
 
 def _measure(split, work, clients: int) -> dict:
     """Builds a simulation for one cohort size and times its rounds."""
-    # pylint: disable=g-import-not-at-top
-    from tff_fedrecgel.models import ModelConfig
-    from tff_fedrecgel.simulation import FedRecSimulation
-    # pylint: enable=g-import-not-at-top
+    from tff_fedrecgel.simulation import build_simulation  # pylint: disable=g-import-not-at-top
 
     start = time.perf_counter()
-    simulation = FedRecSimulation(
-        split=split, model_config=ModelConfig(num_items=split.num_items),
-        work=work, clients_per_round=clients, seed=0,
-        vectorized=_PATH.value == 'vectorized',
+    simulation = build_simulation(
+        split=split, method='fedrecgel', work=work, clients_per_round=clients, seed=0,
+        users_per_client=None if _SIMULATION.value == 'vectorized' else 1,
         max_group_examples=_MAX_GROUP_EXAMPLES.value)
     simulation.initialize()
     build_seconds = time.perf_counter() - start
@@ -152,7 +148,7 @@ def _measure(split, work, clients: int) -> dict:
     train_s = sum(train) / len(train)
     eval_s = sum(evaluate) / len(evaluate) if evaluate else 0.0
     result = {
-        'path': _PATH.value,
+        'simulation': _SIMULATION.value,
         'users': split.num_users,
         'items': split.num_items,
         'clients_per_round': clients,

@@ -2,10 +2,10 @@ r"""Builds (or reuses) the leave-one-out split files of a dataset.
 
 Examples (from the repository root)::
 
-    python launch/prepare_data.py --dataset=filmtrust \
-        --data_dir=../shared/datasets/filmtrust --output_dir=/tmp/ft
-    python -m launch.prepare_data --dataset=synthetic --output_dir=/tmp/syn
-    python launch/prepare_data.py --dataset=csv --data_dir=my_log.tsv \
+    python launch/prepare_data.py --task=filmtrust \
+        --data_dir=/path/to/filmtrust --output_dir=/tmp/ft
+    python -m launch.prepare_data --task=synthetic --output_dir=/tmp/syn
+    python launch/prepare_data.py --task=csv --data_dir=my_log.tsv \
         --csv_sep=tab --csv_user_col=uid --csv_item_col=iid \
         --csv_timestamp_col=ts --output_dir=/tmp/mine
 
@@ -37,8 +37,8 @@ from launch import _entry
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-_DATASET = flags.DEFINE_string(
-    'dataset', None, f'Dataset: one of {", ".join(tasks.TASK_NAMES)}.')
+_TASK = flags.DEFINE_string(
+    'task', None, f'Dataset task: one of {", ".join(tasks.TASK_NAMES)}.')
 _OUTPUT_DIR = flags.DEFINE_string(
     'output_dir', None, 'Folder for the split files (created if missing).')
 
@@ -61,10 +61,10 @@ def _summary_lines(name: str, stats: dict[str, int], output_dir: str,
 def main(argv: list[str]) -> int:
     """Entry point."""
     del argv  # Stray arguments are refused by _entry.run_main.
-    if not _DATASET.value:
-        raise DataError('--dataset is required; choose one of '
+    if not _TASK.value:
+        raise DataError('--task is required; choose one of '
                         f'{", ".join(tasks.TASK_NAMES)}')
-    task = tasks.get_task(_DATASET.value)
+    task = tasks.get_task(_TASK.value)
     if not _OUTPUT_DIR.value:
         raise DataError('--output_dir is required')
     output_dir = os.path.abspath(os.path.expanduser(_OUTPUT_DIR.value))
@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
     for line in _summary_lines(task.name, stats, output_dir, prepared.cached,
                                seconds):
         print(line)
-    record = {'dataset': task.name, **stats, 'output_dir': output_dir,
+    record = {'task': task.name, **stats, 'output_dir': output_dir,
               'cached': prepared.cached, 'validation': _data_flags.VALIDATION.value,
               'seconds': round(seconds, 3)}
     print(json.dumps(record), flush=True)

@@ -33,7 +33,7 @@ from absl import flags
 import numpy as np
 import pandas as pd
 
-from tff_fedrecgel import study
+from launch import study
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -65,7 +65,7 @@ def method_tables(runs: pd.DataFrame) -> list[str]:
         if not (runs.dataset == dataset).any():
             continue
         table = study.method_table(runs, dataset)
-        rho = study.SPEC_RADII[dataset]
+        rho = study.spec_radii(dataset)
         lines += [f'### {TITLES[dataset]} (FedRecGEL radii rho_sh={rho[0]:g}, '
                   f'rho_ns={rho[1]:g})', '',
                   '| method | HR@10, best test round | NDCG@10, best test round | seeds '

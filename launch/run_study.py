@@ -35,7 +35,7 @@ _entry.setup_environment()
 
 from absl import flags
 
-from tff_fedrecgel import study
+from launch import study
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
 

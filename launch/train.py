@@ -134,69 +134,33 @@ def _settings(task) -> dict:
     }
 
 
-def _privacy_settings(num_users: int) -> dict:
-    """The DP and secure-aggregation settings; empty when both are off."""
-    dp = _DP_NOISE_MULTIPLIER.value is not None
-    needs_dp = [f'--{f.name}' for f in (_DP_CLIP, _DP_ADAPTIVE_CLIP, _DP_DELTA)
-                if f.present]
-    if not dp and needs_dp:
-        raise ValueError(f'{", ".join(needs_dp)} needs --dp_noise_multiplier')
-    if not dp and not _SECURE_AGGREGATION.value:
-        return {}
-    if _SIMULATION.value == 'vectorized':
+def _privacy(num_users: int):
+    """The `PrivacySettings` of the flags (imports no TensorFlow)."""
+    from tff_fedrecgel.privacy import PrivacySettings  # pylint: disable=g-import-not-at-top
+
+    private = _DP_NOISE_MULTIPLIER.value is not None or _SECURE_AGGREGATION.value
+    if private and _SIMULATION.value == 'vectorized':
         # A vectorized client uploads one mean per group of users.
-        raise ValueError(
-            'DP and secure aggregation act on each user\'s upload; drop '
-            '--simulation=vectorized (auto runs one user per TFF client)')
-    settings = {'secure_aggregation': _SECURE_AGGREGATION.value}
-    if not dp:
-        return settings
-    clip, adaptive = _DP_CLIP.value, _DP_ADAPTIVE_CLIP.value
-    delta = 1.0 / num_users if _DP_DELTA.value is None else _DP_DELTA.value
-    if _DP_NOISE_MULTIPLIER.value < 0:
-        raise ValueError('--dp_noise_multiplier must be >= 0')
-    if algo.CLIENT_WEIGHTING.value != 'uniform':
-        raise ValueError('user-level DP averages users unweighted; drop '
-                         '--client_weighting=num_examples')
-    if clip is None and not adaptive:
-        raise ValueError('--dp_noise_multiplier needs --dp_clip (or --dp_adaptive_clip)')
-    if clip is not None and clip <= 0:
-        raise ValueError('--dp_clip must be positive')
-    if adaptive and _SECURE_AGGREGATION.value:
-        raise ValueError('--secure_aggregation with DP needs a fixed --dp_clip; '
-                         'drop --dp_adaptive_clip')
-    if not 0 < delta < 1:
-        raise ValueError('--dp_delta must be in (0, 1)')
-    settings.update(dp_noise_multiplier=_DP_NOISE_MULTIPLIER.value, dp_clip=clip,
-                    dp_adaptive_clip=adaptive, dp_delta=delta)
+        raise ValueError('DP and secure aggregation act on each user\'s upload; drop '
+                         '--simulation=vectorized (auto runs one user per TFF client)')
+    settings = PrivacySettings(
+        noise_multiplier=_DP_NOISE_MULTIPLIER.value, clip=_DP_CLIP.value,
+        adaptive_clip=_DP_ADAPTIVE_CLIP.value, delta=_DP_DELTA.value,
+        secure_aggregation=_SECURE_AGGREGATION.value)
+    settings.check_client_weighting(algo.CLIENT_WEIGHTING.value)
+    settings.hparams(num_users=num_users)  # Checks the population size.
     return settings
 
 
-def _privacy_pieces(settings: dict, clients: int, num_users: int):
-    """The model aggregator and the `PrivacyReport` (None, None: plain mean)."""
-    if 'secure_aggregation' not in settings:
-        return None, None
-    from tff_fedrecgel import privacy  # pylint: disable=g-import-not-at-top
-    secure = settings['secure_aggregation']
-    if secure:
-        privacy.use_secure_simulation_context()
-    if 'dp_noise_multiplier' not in settings:
+def _report_privacy(settings, report, total_rounds: int) -> None:
+    if report is None:
         print('privacy: secure aggregation (simulated), no DP', flush=True)
-        return privacy.build_secure_aggregator(), None
-    aggregator = privacy.build_dp_aggregator(
-        noise_multiplier=settings['dp_noise_multiplier'], clients_per_round=clients,
-        clip=settings['dp_clip'], adaptive_clip=settings['dp_adaptive_clip'],
-        secure=secure)
-    report = privacy.PrivacyReport(
-        noise_multiplier=settings['dp_noise_multiplier'],
-        sampling_probability=clients / num_users, delta=settings['dp_delta'],
-        clip=settings['dp_clip'], adaptive_clip=settings['dp_adaptive_clip'])
+        return
     print(f'privacy: user-level DP, noise multiplier {report.noise_multiplier}, '
           f'clip {"adaptive" if report.adaptive_clip else report.clip}, epsilon '
-          f'{report.epsilon(settings["total_rounds"]):.3g} at delta '
-          f'{report.delta:.3g} after {settings["total_rounds"]} rounds; secure '
-          f'aggregation {"on (simulated)" if secure else "off"}', flush=True)
-    return aggregator, report
+          f'{report.epsilon(total_rounds):.3g} at delta {report.delta:.3g} after '
+          f'{total_rounds} rounds; secure aggregation '
+          f'{"on (simulated)" if settings.secure_aggregation else "off"}', flush=True)
 
 
 def _check_fedrecon(settings: dict) -> None:
@@ -229,34 +193,33 @@ def main(argv: list[str]) -> int:
     split = task.load_split(
         data_dir=_data_flags.DATA_DIR.value, validation=settings['validation'],
         **_data_flags.task_options(task))
-    settings.update(_privacy_settings(split.num_users))
+    privacy = _privacy(split.num_users)
+    settings.update(privacy.hparams(num_users=split.num_users))
     if settings['algorithm'] == 'fedrecon':
         _check_fedrecon(settings)
-    if _WORKERS.value and 'secure_aggregation' in settings:
+    if _WORKERS.value and privacy.needs_one_user_per_client:
         raise ValueError('DP and secure aggregation are not supported with --workers')
     from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
     paths = program.prepare_experiment(
         root_output_dir=_ROOT_OUTPUT_DIR.value, experiment_name=experiment,
         hparams=settings)
 
-    from tff_fedrecgel.simulation import FedRecSimulation  # pylint: disable=g-import-not-at-top
-    from tff_fedrecgel.simulation.simulation import clients_per_round_for  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import methods  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import simulation  # pylint: disable=g-import-not-at-top
 
-    clients = settings['clients_per_round'] or clients_per_round_for(
+    clients = settings['clients_per_round'] or simulation.clients_per_round_for(
         split.num_users, settings['client_fraction'])
-    model_config = algo.model_config(split.num_items)
     work = algo.client_work_config(task)
-    fedrecon = settings['algorithm'] == 'fedrecon'
+    fedrecon = methods.get_method(settings['algorithm']).algorithm == methods.FEDRECON
     # FedRecon groups users per TFF client by itself (same results).
-    supported = fedrecon or (work.local_state == 'persistent'
-                             and work.update == 'gradient')
+    supported = fedrecon or (work.persistent and work.update == 'gradient')
     if settings['simulation'] == 'vectorized' and not supported:
         raise ValueError(
             '--simulation=vectorized needs --local_state=persistent and '
             '--update=gradient; use --simulation=per_user')
     vectorized = settings['simulation'] == 'vectorized' or (
         settings['simulation'] == 'auto' and supported
-        and 'secure_aggregation' not in settings)  # Privacy: one user per client.
+        and not privacy.needs_one_user_per_client)
     stats = split.summary()
     print(f'{task.name}: {stats["users"]:,} users, {stats["items"]:,} items, '
           f'{stats["train_interactions"]:,} training rows; {clients} clients per '
@@ -268,26 +231,19 @@ def main(argv: list[str]) -> int:
     print(f'view the curves: tensorboard --logdir {paths.tensorboard}', flush=True)
 
     start = time.perf_counter()
-    aggregator, privacy_report = _privacy_pieces(settings, clients, split.num_users)
-    if fedrecon:
-        from tff_fedrecgel.simulation import FedReconSimulation  # pylint: disable=g-import-not-at-top
-        simulation = FedReconSimulation(
-            split=split, model_config=model_config, clients_per_round=clients,
-            seed=settings['seed'], server_lr=settings['server_lr'],
-            local_lr=settings['local_lr'],
-            reconstruction_steps=settings['reconstruction_steps'],
-            grouped=vectorized, max_group_examples=settings['max_group_examples'])
-    else:
-        simulation = FedRecSimulation(
-            split=split, model_config=model_config, work=work,
-            clients_per_round=clients, seed=settings['seed'],
-            server_lr=settings['server_lr'], vectorized=vectorized,
-            max_group_examples=settings['max_group_examples'],
-            model_aggregator=aggregator, workers=_WORKERS.value,
-            sharpness_probe=settings['sharpness_probe'])
+    aggregator, privacy_report = privacy.build(clients_per_round=clients,
+                                               num_users=split.num_users)
+    if privacy.needs_one_user_per_client:
+        _report_privacy(privacy, privacy_report, settings['total_rounds'])
+    sim = simulation.build_simulation(
+        split=split, method=settings['algorithm'], work=work, clients_per_round=clients,
+        seed=settings['seed'], server_lr=settings['server_lr'],
+        users_per_client=None if vectorized else 1,
+        max_group_examples=settings['max_group_examples'], model_aggregator=aggregator,
+        workers=_WORKERS.value, sharpness_probe=settings['sharpness_probe'])
     logging.info('built the TFF process in %.1f s', time.perf_counter() - start)
     summary = program.run_training(
-        simulation, paths=paths, total_rounds=settings['total_rounds'],
+        sim, paths=paths, total_rounds=settings['total_rounds'],
         rounds_per_eval=settings['rounds_per_eval'],
         rounds_per_checkpoint=settings['rounds_per_checkpoint'],
         hparams=settings, validation=settings['validation'],

@@ -12,7 +12,8 @@ import tensorflow_federated as tff
 
 import tasks
 from tff_fedrecgel import evaluation
-from tff_fedrecgel.algorithms import client_work
+from tff_fedrecgel import ranking
+from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.models import neumf
 
 TINY = neumf.ModelConfig(num_items=50, gmf_dim=4, mlp_dim=6, mlp_layers=(8, 4))
@@ -67,7 +68,7 @@ def _np_logits(config, global_weights, tables, candidates):
     return (features @ kernel + bias)[..., 0]
 
 
-def _np_mean_metrics(scores, top_ks=evaluation.TOP_KS):
+def _np_mean_metrics(scores, top_ks=ranking.TOP_KS):
     rank = np.sum(scores[:, 1:] >= scores[:, :1], axis=1)
     out = collections.OrderedDict()
     for k in top_ks:
@@ -81,7 +82,7 @@ def _np_mean_metrics(scores, top_ks=evaluation.TOP_KS):
 
 
 def test_ranking_metrics_keys_in_order():
-    metrics = evaluation.ranking_metrics(tf.zeros([2, 3]))
+    metrics = ranking.ranking_metrics(tf.zeros([2, 3]))
     assert list(metrics) == [
         'hr@5', 'ndcg@5', 'hr@10', 'ndcg@10', 'hr@15', 'ndcg@15', 'hr@20', 'ndcg@20'
     ]
@@ -90,14 +91,14 @@ def test_ranking_metrics_keys_in_order():
 
 
 def test_ranking_metrics_strict_winner():
-    metrics = evaluation.ranking_metrics(tf.constant([[5.0, 1.0, 2.0, 3.0]]))
+    metrics = ranking.ranking_metrics(tf.constant([[5.0, 1.0, 2.0, 3.0]]))
     for key, values in metrics.items():
         assert values.numpy().tolist() == [1.0], key
 
 
 def test_ranking_metrics_ties_count_against_held_out():
     # Held-out score 1.0 tied with one other: rank 1, not 0.
-    metrics = evaluation.ranking_metrics(
+    metrics = ranking.ranking_metrics(
         tf.constant([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]), top_ks=(1, 2, 3)
     )
     np.testing.assert_array_equal(metrics['hr@1'], [0.0, 0.0])
@@ -105,7 +106,7 @@ def test_ranking_metrics_ties_count_against_held_out():
     np.testing.assert_allclose(metrics['ndcg@2'], [1.0 / math.log2(3.0), 0.0])
     # All four tied: rank 3.
     np.testing.assert_allclose(metrics['ndcg@3'], [1.0 / math.log2(3.0), 0.0])
-    assert evaluation.ranking_metrics(
+    assert ranking.ranking_metrics(
         tf.constant([[1.0, 1.0, 1.0, 1.0]]), top_ks=(4,)
     )['ndcg@4'].numpy()[0] == pytest.approx(1.0 / math.log2(5.0))
 
@@ -118,7 +119,7 @@ def test_ranking_metrics_rank_k_minus_one_vs_k(k):
         row[1 : 1 + rank] = 1.0  # `rank` candidates strictly above.
         return row
 
-    metrics = evaluation.ranking_metrics(
+    metrics = ranking.ranking_metrics(
         tf.constant(np.stack([scores_with_rank(k - 1), scores_with_rank(k)])),
         top_ks=(k, k + 1),
     )
@@ -138,7 +139,7 @@ def test_ranking_metrics_ndcg_values():
     # Ranks 0..4 by construction: candidates above the held-out item.
     scores = np.tile(np.arange(5, 0, -1, dtype=np.float32), (5, 1))
     scores[:, 0] = np.array([4.5, 3.5, 2.5, 1.5, 0.5])
-    metrics = evaluation.ranking_metrics(tf.constant(scores), top_ks=(5,))
+    metrics = ranking.ranking_metrics(tf.constant(scores), top_ks=(5,))
     np.testing.assert_allclose(
         metrics['ndcg@5'], [1.0 / math.log2(r + 2) for r in range(5)], rtol=1e-7
     )
@@ -146,7 +147,7 @@ def test_ranking_metrics_ndcg_values():
 
 
 def test_ranking_metrics_nan_held_out_ranks_last():
-    metrics = evaluation.ranking_metrics(
+    metrics = ranking.ranking_metrics(
         tf.constant([[np.nan, 0.0, 1.0], [2.0, np.nan, 1.0]]), top_ks=(1, 2)
     )
     np.testing.assert_array_equal(metrics['hr@2'], [0.0, 1.0])
@@ -155,11 +156,11 @@ def test_ranking_metrics_nan_held_out_ranks_last():
 
 def test_ranking_metrics_rejects_bad_input():
     with pytest.raises(ValueError):
-        evaluation.ranking_metrics(tf.zeros([3]))
+        ranking.ranking_metrics(tf.zeros([3]))
     with pytest.raises(ValueError):
-        evaluation.ranking_metrics(tf.zeros([2, 3]), top_ks=(0,))
+        ranking.ranking_metrics(tf.zeros([2, 3]), top_ks=(0,))
     with pytest.raises(ValueError):
-        evaluation.ranking_metrics(tf.zeros([2, 3]), top_ks=())
+        ranking.ranking_metrics(tf.zeros([2, 3]), top_ks=())
 
 
 # --- evaluate_users ----------------------------------------------------------
@@ -196,7 +197,7 @@ def test_evaluate_users_traces_once():
             _random_candidates(num_users, 10, config.num_items, rng),
             batch_size=batch_size,
         )
-    scorer = evaluation._batch_scorer(config, evaluation.TOP_KS)
+    scorer = evaluation._batch_scorer(config, ranking.TOP_KS)
     assert scorer.experimental_get_tracing_count() == 1
 
 
@@ -285,14 +286,19 @@ def _reconstruct_one(config, work, global_weights, items, labels):
     )
     state = tf.nest.map_structure(
         tf.convert_to_tensor,
-        adam.initialize(client_work.local_weight_specs(config)),
+        adam.initialize(neumf.local_weight_specs(config)),
     )
-    weights = client_work.example_weights(
-        tf.size(items), loss_reduction=work.loss_reduction, chunk_size=work.chunk_size
-    )
+    n = len(items)
+    if work.loss_reduction == 'mean':
+        weights = np.full(n, 1.0 / max(n, 1), np.float32)
+    else:
+        weights = np.concatenate([np.zeros(0)] + [
+            np.full(min(work.chunk_size, n - s), 1.0 / min(work.chunk_size, n - s))
+            for s in range(0, n, work.chunk_size)]).astype(np.float32)
     for _ in range(work.reconstruction_steps):
         with tf.GradientTape() as tape:
-            loss = client_work.weighted_bce(model(items), labels, weights)
+            loss = tf.reduce_sum(weights * tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=labels, logits=model(items)))
         grads = tape.gradient(loss, local_vars)
         state, new_local = adam.next(
             state,
@@ -317,10 +323,10 @@ def _synthetic_batches(num_items, lengths, rng):
 @pytest.mark.parametrize(
     'work',
     [
-        client_work.ClientWorkConfig(
+        client_update.ClientWorkConfig(
             local_state='reconstruct', chunk_size=4, reconstruction_steps=3
         ),
-        client_work.ClientWorkConfig(
+        client_update.ClientWorkConfig(
             local_state='reconstruct', loss_reduction='mean', local_lr=0.05
         ),
     ],
@@ -345,7 +351,7 @@ def test_reconstruct_local_tables_matches_per_user(work):
 
 def test_federated_reconstruction_evaluation_matches_batched():
     rng = np.random.default_rng(6)
-    work = client_work.ClientWorkConfig(local_state='reconstruct', chunk_size=8)
+    work = client_update.ClientWorkConfig(local_state='reconstruct', chunk_size=8)
     weights = _global_weights(TINY, seed=2)
     batches = _synthetic_batches(TINY.num_items, [15, 5, 30, 10, 20, 25], rng)
     candidates = _random_candidates(len(batches), 20, TINY.num_items, rng)

@@ -20,7 +20,7 @@ import tensorflow_federated as tff
 
 import tasks
 from tff_fedrecgel import export
-from tff_fedrecgel.algorithms import client_work
+from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.data import client_data
 from tff_fedrecgel.models import neumf
 
@@ -52,7 +52,7 @@ def exported(tmp_path_factory):
     task = tasks.get_task('synthetic')
     split = task.load_split(num_users=NUM_USERS, num_items=NUM_ITEMS)
     config = neumf.ModelConfig(num_items=split.num_items)
-    work = client_work.ClientWorkConfig(rho_sh=task.rho_sh, rho_ns=task.rho_ns)
+    work = client_update.ClientWorkConfig(rho_sh=task.rho_sh, rho_ns=task.rho_ns)
     deployment = export.build_deployment(model_config=config, work=work)
     written = export.write_deployment(
         deployment, out, extra_hyperparameters={'task': task.name})
@@ -94,8 +94,20 @@ def _initial_states(config):
     return states
 
 
+def _as_dicts(structure):
+    """Typed states (named tuples) as the dicts deserialized computations give."""
+    if hasattr(structure, '_asdict'):
+        structure = structure._asdict()
+    if isinstance(structure, dict):
+        return {k: _as_dicts(v) for k, v in structure.items()}
+    if isinstance(structure, (list, tuple)):
+        return [_as_dicts(v) for v in structure]
+    return structure
+
+
 def _assert_same(actual, expected):
-    actual, expected = tf.nest.flatten(actual), tf.nest.flatten(expected)
+    actual = tf.nest.flatten(_as_dicts(actual))
+    expected = tf.nest.flatten(_as_dicts(expected))
     assert len(actual) == len(expected)
     for a, e in zip(actual, expected):
         if a is None or e is None:  # E.g. the metrics of the initial state.

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedrecgel.algorithms import client_work
+from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.algorithms import fedrecgel
 from tff_fedrecgel.data import client_data
 from tff_fedrecgel.data import preprocess
@@ -21,8 +21,8 @@ from tff_fedrecgel.models import neumf
 
 CONFIG = neumf.ModelConfig(
     num_items=20, gmf_dim=4, mlp_dim=8, mlp_layers=(8, 4))
-SAM_WORK = client_work.ClientWorkConfig(rho_sh=0.05, rho_ns=0.2)
-PLAIN_WORK = client_work.ClientWorkConfig()
+SAM_WORK = client_update.ClientWorkConfig(rho_sh=0.05, rho_ns=0.2)
+PLAIN_WORK = client_update.ClientWorkConfig()
 SERVER_LR = 0.001
 COHORT_SIZES = (30, 150, 12)  # 150 examples: two chunks of the default 128.
 
@@ -36,7 +36,7 @@ def _state(rng, config=CONFIG, scale=0.3, step=0):
     dims = [config.gmf_dim] + ([config.mlp_dim] if config.use_mlp else [])
     local = [rng.normal(scale=scale, size=(1, d)).astype(np.float32)
              for d in dims]
-    return collections.OrderedDict(
+    return client_update.ClientState(
         local_weights=local,
         adam_step=np.int32(step),
         adam_m=[np.zeros_like(w) for w in local],
@@ -56,6 +56,14 @@ def _batch(rng, n, num_items=CONFIG.num_items, nan=False):
 
 def _numpy(structure):
     return tf.nest.map_structure(np.asarray, structure)
+
+
+def _process(model_config, work, **kwargs):
+    """The round with one user per TFF client (the deployable form)."""
+    return fedrecgel.build_fedrecgel_process(
+        model_config=model_config,
+        client_update=client_update.build_client_update(model_config, work, single_user=True),
+        **kwargs)
 
 
 def _adam_step(weights, gradients, lr):
@@ -139,14 +147,12 @@ def _synthetic_data():
 
 @pytest.fixture(scope='module')
 def sam_process():
-    return fedrecgel.build_fedrecgel_process(
-        model_config=CONFIG, work=SAM_WORK)
+    return _process(CONFIG, SAM_WORK)
 
 
 @pytest.fixture(scope='module')
 def plain_process():
-    return fedrecgel.build_fedrecgel_process(
-        model_config=CONFIG, work=PLAIN_WORK)
+    return _process(CONFIG, PLAIN_WORK)
 
 
 @pytest.fixture(scope='module')
@@ -162,10 +168,10 @@ def learn_config(train_data):
 
 @pytest.fixture(scope='module')
 def reconstruct_process(learn_config):
-    work = client_work.ClientWorkConfig(rho_sh=0.01, rho_ns=0.05,
+    work = client_update.ClientWorkConfig(rho_sh=0.01, rho_ns=0.05,
                                         local_state='reconstruct')
-    return fedrecgel.build_fedrecgel_process(
-        model_config=learn_config, work=work, server_lr=0.01)
+    return _process(learn_config, work,
+                    server_optimizer=fedrecgel.build_server_optimizer(0.01))
 
 
 @pytest.fixture(scope='module')
@@ -185,9 +191,9 @@ def initial_state(sam_process):
 @pytest.fixture(scope='module')
 def eager_sam_outputs(initial_state, cohort):
     """The three clients' eager SAM updates at the initial server weights."""
-    update_fn = client_work.build_client_update_fn(CONFIG, SAM_WORK)
+    update_fn = client_update.build_client_update(CONFIG, SAM_WORK, single_user=True).fn
     states, data = cohort
-    return [_numpy(update_fn(initial_state['global_weights'], s, d))
+    return [_numpy(update_fn(initial_state.global_weights, s, d))
             for s, d in zip(states, data)]
 
 
@@ -199,11 +205,11 @@ def eager_sam_outputs(initial_state, cohort):
 def test_initial_weights_match_seeded_model(initial_state):
     """Server init (graph mode) gives the eager NeuMF(seed=0) weights."""
     model = neumf.NeuMF(CONFIG, seed=0)
-    weights = initial_state['global_weights']
+    weights = initial_state.global_weights
     assert len(weights) == len(model.global_variables)
     for value, var in zip(weights, model.global_variables):
         np.testing.assert_array_equal(value, var.numpy())
-    assert initial_state['round_num'] == 0
+    assert initial_state.round_num == 0
 
 
 def test_one_round_equals_eager_mean_then_adam(
@@ -213,14 +219,14 @@ def test_one_round_equals_eager_mean_then_adam(
     new_server, new_states, metrics = sam_process.next(
         initial_state, states, data)
     mean_update = _mean([o['update'] for o in eager_sam_outputs])
-    expected = _adam_step(initial_state['global_weights'], mean_update,
+    expected = _adam_step(initial_state.global_weights, mean_update,
                           SERVER_LR)
-    _assert_all_close(new_server['global_weights'], expected)
+    _assert_all_close(new_server.global_weights, expected)
     moved = [np.abs(a - b).max() for a, b in zip(
-        new_server['global_weights'], initial_state['global_weights'])]
+        new_server.global_weights, initial_state.global_weights)]
     assert max(moved) > 5e-4  # Adam moves every coordinate by ~lr.
-    assert new_server['round_num'] == 1
-    assert new_server['optimizer_state']['step'] == 1
+    assert new_server.round_num == 1
+    assert new_server.optimizer_state['step'] == 1
     assert len(new_states) == 3
     for got, eager in zip(new_states, eager_sam_outputs):
         tf.nest.map_structure(
@@ -249,10 +255,10 @@ def test_non_finite_client_is_excluded_from_mean(
     assert metrics['clients'] == 3
     mean_update = _mean([eager_sam_outputs[0]['update'],
                          eager_sam_outputs[2]['update']])
-    expected = _adam_step(initial_state['global_weights'], mean_update,
+    expected = _adam_step(initial_state.global_weights, mean_update,
                           SERVER_LR)
-    _assert_all_close(new_server['global_weights'], expected)
-    assert all(np.all(np.isfinite(w)) for w in new_server['global_weights'])
+    _assert_all_close(new_server.global_weights, expected)
+    assert all(np.all(np.isfinite(w)) for w in new_server.global_weights)
     tf.nest.map_structure(np.testing.assert_array_equal,
                           _numpy(new_states[1]), bad_state)
     assert np.isfinite(metrics['loss'])
@@ -270,10 +276,10 @@ def test_all_clients_non_finite_leaves_model_unchanged(
     new_server, new_states, metrics = sam_process.next(
         initial_state, states, data)
     assert metrics['dropped_clients'] == 3
-    for new, old in zip(new_server['global_weights'],
-                        initial_state['global_weights']):
+    for new, old in zip(new_server.global_weights,
+                        initial_state.global_weights):
         np.testing.assert_array_equal(new, old)
-    assert new_server['optimizer_state']['step'] == 0
+    assert new_server.optimizer_state['step'] == 0
     for new, old in zip(new_states, states):
         tf.nest.map_structure(np.testing.assert_array_equal, _numpy(new), old)
 
@@ -287,13 +293,13 @@ def test_zero_radii_process_is_fedncf(plain_process, cohort):
     uploads = []
     for state, batch, new_state in zip(states, data, new_states):
         g_sh, g_ns = _plain_gradients(
-            model, server['global_weights'], state['local_weights'], batch)
+            model, server.global_weights, state.local_weights, batch)
         uploads.append(g_sh)
-        _assert_all_close(new_state['local_weights'],
-                          _adam_step(state['local_weights'], g_ns, 0.1))
-        assert new_state['adam_step'] == 1
-    expected = _adam_step(server['global_weights'], _mean(uploads), SERVER_LR)
-    _assert_all_close(new_server['global_weights'], expected)
+        _assert_all_close(new_state.local_weights,
+                          _adam_step(state.local_weights, g_ns, 0.1))
+        assert new_state.adam_step == 1
+    expected = _adam_step(server.global_weights, _mean(uploads), SERVER_LR)
+    _assert_all_close(new_server.global_weights, expected)
 
 
 def test_state_persists_only_for_sampled_users(sam_process, initial_state):
@@ -310,20 +316,20 @@ def test_state_persists_only_for_sampled_users(sam_process, initial_state):
         server, new_states, metrics = sam_process.next(
             server, [table[u] for u in users], [data[u] for u in users])
         assert metrics['clients'] == 5 and metrics['dropped_clients'] == 0
-        assert server['round_num'] == round_num + 1
+        assert server.round_num == round_num + 1
         for u, new in zip(users, new_states):
             new = _numpy(new)
-            assert new['adam_step'] == before[u]['adam_step'] + 1
-            for w_new, w_old in zip(new['local_weights'],
-                                    before[u]['local_weights']):
+            assert new.adam_step == before[u].adam_step + 1
+            for w_new, w_old in zip(new.local_weights,
+                                    before[u].local_weights):
                 assert not np.array_equal(w_new, w_old)
                 assert np.abs(w_new - w_old).max() < 0.15  # One Adam step.
-            assert np.any(new['adam_m'][0] != 0)
+            assert np.any(new.adam_m[0] != 0)
             table[u] = new
         for u in set(range(num_users)) - set(users):
             tf.nest.map_structure(np.testing.assert_array_equal,
                                   _numpy(table[u]), before[u])
-    steps = [int(s['adam_step']) - 10 * u for u, s in enumerate(table)]
+    steps = [int(s.adam_step) - 10 * u for u, s in enumerate(table)]
     assert steps == [2, 1, 2, 2, 2, 2, 2, 2]
 
 
@@ -341,7 +347,7 @@ def _server_leaks(signatures, config):
     """SERVER-placed local-row-shaped tensors or client-state structs."""
     local_shapes = {(1, config.gmf_dim), (1, config.mlp_dim)}
     state_shapes = _leaf_shapes(tff.types.tensorflow_to_type(
-        client_work.client_state_spec(config)))
+        client_update.client_state_spec(config, single_user=True)))
     leaks = []
     for signature in signatures:
         for placement, node in _walk(signature):
@@ -384,7 +390,7 @@ def _upload_violations(comp, config):
       (violations, whether the global weights' type is uploaded).
     """
     global_shapes = _leaf_shapes(tff.types.tensorflow_to_type(
-        client_work.global_weight_specs(config)))
+        neumf.global_weight_specs(config)))
     violations, uploads_global = [], False
     for uri, members in _client_to_server_values(comp):
         for member in members:
@@ -424,7 +430,7 @@ def test_privacy_invariant(persistent, sam_process, reconstruct_process,
 def test_privacy_checks_detect_a_leak():
     """The privacy checks flag a computation summing local rows at SERVER."""
     state_type = tff.types.tensorflow_to_type(
-        client_work.client_state_spec(CONFIG))
+        client_update.client_state_spec(CONFIG, single_user=True))
 
     @tff.federated_computation(tff.FederatedType(state_type, tff.CLIENTS))
     def leaky(states):
@@ -472,14 +478,14 @@ def test_reconstruct_mode_learns(reconstruct_process, train_data,
                             learn_config)
     assert np.all(np.isfinite(losses))
     assert np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.1, losses
-    assert server['round_num'] == 20
+    assert server.round_num == 20
 
 
 def test_persistent_mode_learns(train_data, learn_config):
     """Persistent mode: the training loss clearly decreases over 20 rounds."""
-    work = client_work.ClientWorkConfig(rho_sh=0.01, rho_ns=0.05)
-    process = fedrecgel.build_fedrecgel_process(
-        model_config=learn_config, work=work, server_lr=0.01)
+    work = client_update.ClientWorkConfig(rho_sh=0.01, rho_ns=0.05)
+    process = _process(learn_config, work,
+                       server_optimizer=fedrecgel.build_server_optimizer(0.01))
     losses, _ = _train(process, train_data, 20, True, learn_config)
     assert np.all(np.isfinite(losses))
     assert np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.08, losses
@@ -489,10 +495,10 @@ def test_fedmf_variant_runs_a_round():
     """The GMF-only model (FedMF) runs a round with one local row each."""
     config = neumf.ModelConfig(num_items=20, gmf_dim=4, use_mlp=False,
                                mlp_layers=())
-    process = fedrecgel.build_fedrecgel_process(
-        model_config=config, work=PLAIN_WORK, server_lr=0.01)
+    process = _process(config, PLAIN_WORK,
+                       server_optimizer=fedrecgel.build_server_optimizer(0.01))
     server = process.initialize()
-    assert [w.shape for w in server['global_weights']] == [(20, 4), (4, 1),
+    assert [w.shape for w in server.global_weights] == [(20, 4), (4, 1),
                                                            (1,)]
     rng = np.random.default_rng(3)
     states = [_state(rng, config=config) for _ in range(2)]
@@ -501,13 +507,13 @@ def test_fedmf_variant_runs_a_round():
     assert metrics['clients'] == 2 and metrics['dropped_clients'] == 0
     assert np.isfinite(metrics['loss'])
     model = neumf.NeuMF(config)
-    uploads = [_plain_gradients(model, server['global_weights'],
-                                s['local_weights'], d)[0]
+    uploads = [_plain_gradients(model, server.global_weights,
+                                s.local_weights, d)[0]
                for s, d in zip(states, data)]
-    _assert_all_close(new_server['global_weights'],
-                      _adam_step(server['global_weights'], _mean(uploads),
+    _assert_all_close(new_server.global_weights,
+                      _adam_step(server.global_weights, _mean(uploads),
                                  0.01))
     for state in new_states:
-        assert len(state['local_weights']) == 1
-        assert state['local_weights'][0].shape == (1, 4)
-        assert state['adam_step'] == 1
+        assert len(state.local_weights) == 1
+        assert state.local_weights[0].shape == (1, 4)
+        assert state.adam_step == 1

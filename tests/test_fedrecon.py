@@ -6,13 +6,15 @@ import numpy as np
 import pytest
 
 import tasks
-from tff_fedrecgel import evaluation
-from tff_fedrecgel.algorithms import client_work
+from tff_fedrecgel import ranking
+from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.algorithms import fedrecgel
 from tff_fedrecgel.algorithms import fedrecon
 from tff_fedrecgel.models import neumf
-from tff_fedrecgel.simulation import FedReconSimulation
-from tff_fedrecgel.simulation import FedRecSimulation
+from tff_fedrecgel.simulation import Simulation
+from tff_fedrecgel.simulation import driver
+from tff_fedrecgel.simulation.fedrecgel_adapter import FedRecGEL
+from tff_fedrecgel.simulation.fedrecon_adapter import FedRecon
 
 SMALL = neumf.ModelConfig(num_items=300, gmf_dim=4, mlp_dim=4, mlp_layers=(8, 4))
 
@@ -25,6 +27,13 @@ def split():
 def _small(split):
     return neumf.ModelConfig(num_items=split.num_items, gmf_dim=4, mlp_dim=4,
                              mlp_layers=(8, 4))
+
+
+def FedReconSimulation(*, split, model_config, clients_per_round, seed, **kwargs):
+    """FedRecon over the split, through the one simulation driver."""
+    return Simulation(split=split, clients_per_round=clients_per_round, seed=seed,
+                      algorithm=FedRecon(model_config=model_config, seed=seed,
+                                         clients_per_round=clients_per_round, **kwargs))
 
 
 @pytest.fixture(scope='module')
@@ -48,7 +57,7 @@ def test_rank_metric_matches_ranking_metrics():
     """The Keras rank metric ranks like evaluation.ranking_metrics, ties included."""
     rng = np.random.default_rng(0)
     scores = rng.integers(0, 6, size=(7, 12)).astype(np.float32)  # Many ties.
-    expected = evaluation.ranking_metrics(scores, top_ks=(1, 3, 5))
+    expected = ranking.ranking_metrics(scores, top_ks=(1, 3, 5))
     for k in (1, 3, 5):
         for kind in ('hr', 'ndcg'):
             metric = fedrecon.RankMetric(k, kind)
@@ -73,17 +82,18 @@ def test_fedrecon_round_is_reconstruct_mode_without_sam():
                 (rng.random(n) < 0.3).astype(np.float32)) for n in (10, 13, 40, 7)]
     theirs = fedrecon.build_fedrecon_process(model_config=SMALL, init_seed=3)
     ours = fedrecgel.build_fedrecgel_process(
-        model_config=SMALL, work=fedrecon.matching_client_work(), init_seed=3)
+        model_config=SMALL, init_seed=3, client_update=client_update.build_client_update(
+            SMALL, fedrecon.matching_client_work(), single_user=True))
     state, our_state = theirs.initialize(), ours.initialize()
     assert _max_diff(theirs.get_model_weights(state).trainable,
-                     our_state['global_weights']) == 0
+                     our_state.global_weights) == 0
     for _ in range(3):
         output = theirs.next(state, [fedrecon.train_dataset(*b) for b in batches])
         state = output.state
         our_state, metrics = ours.next(
             our_state, [collections.OrderedDict(items=i, labels=l) for i, l in batches])
         assert _max_diff(theirs.get_model_weights(state).trainable,
-                         our_state["global_weights"]) < 1e-5
+                         our_state.global_weights) < 1e-5
         np.testing.assert_allclose(
             output.metrics['client_work']['train']['loss'], metrics['loss'], rtol=1e-5)
 
@@ -108,7 +118,9 @@ def test_tff_evaluation_equals_fast_evaluation(pair):
     """build_fed_recon_eval (one client per user) = the batched evaluator."""
     grouped = pair[0][1]
     fast = grouped.evaluate('test')
-    federated = grouped.evaluate_federated('test')
+    users = range(grouped.split.num_users)
+    federated = grouped.algorithm.evaluate_federated(
+        grouped.batches(users, driver.EVAL_ROUND), grouped.split.candidates('test'))
     assert set(federated) == set(fast)
     for name in fast:
         assert abs(fast[name] - federated[name]) < 1e-6, name
@@ -142,10 +154,10 @@ def test_baseline_learns(split, method):
     else:
         config = neumf.ModelConfig(num_items=split.num_items, gmf_dim=8,
                                    use_mlp=False, mlp_layers=())
-        sim = FedRecSimulation(split=split, model_config=config,
-                               work=client_work.ClientWorkConfig(),
-                               clients_per_round=20, seed=0, server_lr=0.01,
-                               vectorized=True)
+        sim = Simulation(split=split, clients_per_round=20, seed=0, algorithm=FedRecGEL(
+            model_config=config, work=client_update.ClientWorkConfig(),
+            num_users=split.num_users, seed=0,
+            server_optimizer=fedrecgel.build_server_optimizer(0.01)))
     sim.initialize()
     before = sim.evaluate('test')['hr@10']
     losses = [sim.run_round()['loss'] for _ in range(25)]

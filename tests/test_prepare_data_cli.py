@@ -52,7 +52,7 @@ needs_filmtrust = pytest.mark.skipif(
 @needs_filmtrust
 def test_filmtrust_statistics_and_cache(tmp_path):
     out = tmp_path / 'out'
-    first = _last_json(_run('--dataset=filmtrust',
+    first = _last_json(_run('--task=filmtrust',
                             f'--data_dir={FILMTRUST_DIR}',
                             f'--output_dir={out}'))
     assert {k: first[k] for k in ('users', 'items', 'interactions',
@@ -62,12 +62,12 @@ def test_filmtrust_statistics_and_cache(tmp_path):
     assert first['cached'] is False and first['valid_users'] == 0
     assert first['output_dir'] == str(out)
     assert sorted(os.listdir(out)) == ['meta.json', 'test.csv', 'train.csv']
-    second = _last_json(_run('--dataset=filmtrust',
+    second = _last_json(_run('--task=filmtrust',
                              f'--data_dir={FILMTRUST_DIR}',
                              f'--output_dir={out}', module=True))
     assert second['cached'] is True
     assert second['users'] == 1227
-    third = _last_json(_run('--dataset=filmtrust',
+    third = _last_json(_run('--task=filmtrust',
                             f'--data_dir={FILMTRUST_DIR}',
                             f'--output_dir={out}', '--validation'))
     assert third['cached'] is False and third['valid_users'] == 1227
@@ -75,7 +75,7 @@ def test_filmtrust_statistics_and_cache(tmp_path):
 
 
 def test_synthetic_run(tmp_path):
-    result = _run('--dataset=synthetic', '--num_users=60', '--num_items=300',
+    result = _run('--task=synthetic', '--num_users=60', '--num_items=300',
                   '--data_seed=3', f'--output_dir={tmp_path}', module=True)
     record = _last_json(result)
     assert record['users'] == 60 and record['test_users'] == 60
@@ -90,7 +90,7 @@ def test_csv_run(tmp_path):
     data = tmp_path / 'log.tsv'
     data.write_text('\n'.join(rows) + '\n')
     record = _last_json(_run(
-        '--dataset=csv', f'--data_dir={data}', '--csv_sep=tab',
+        '--task=csv', f'--data_dir={data}', '--csv_sep=tab',
         '--csv_user_col=uid', '--csv_item_col=iid', '--csv_timestamp_col=ts',
         '--csv_rating_col=stars', '--csv_min_rating=2',
         f'--output_dir={tmp_path / "out"}'))
@@ -110,25 +110,25 @@ def test_does_not_import_tensorflow():
 
 
 def test_unknown_dataset(tmp_path):
-    _assert_usage_error(_run('--dataset=movielens', f'--output_dir={tmp_path}'),
+    _assert_usage_error(_run('--task=movielens', f'--output_dir={tmp_path}'),
                         'unknown task', 'movielens', 'filmtrust')
 
 
 def test_missing_data_dir(tmp_path):
     missing = tmp_path / 'nowhere'
     _assert_usage_error(
-        _run('--dataset=filmtrust', f'--data_dir={missing}',
+        _run('--task=filmtrust', f'--data_dir={missing}',
              f'--output_dir={tmp_path / "out"}'), str(missing), 'not found')
 
 
 def test_data_dir_not_given(tmp_path):
-    _assert_usage_error(_run('--dataset=lastfm_2k', f'--output_dir={tmp_path}'),
+    _assert_usage_error(_run('--task=lastfm_2k', f'--output_dir={tmp_path}'),
                         'last-fm-2k-ratings.dat')
 
 
 def test_missing_file_in_data_dir(tmp_path):
     _assert_usage_error(
-        _run('--dataset=amazon_video', f'--data_dir={tmp_path}',
+        _run('--task=amazon_video', f'--data_dir={tmp_path}',
              f'--output_dir={tmp_path / "out"}'), 'amazon-video-ratings.dat',
         'not found')
 
@@ -136,7 +136,7 @@ def test_missing_file_in_data_dir(tmp_path):
 def test_empty_file(tmp_path):
     folder = _filmtrust_dir(tmp_path, '')
     _assert_usage_error(
-        _run('--dataset=filmtrust', f'--data_dir={folder}',
+        _run('--task=filmtrust', f'--data_dir={folder}',
              f'--output_dir={tmp_path / "out"}'), 'filmtrust-ratings.txt',
         'empty')
 
@@ -144,7 +144,7 @@ def test_empty_file(tmp_path):
 def test_wrong_columns(tmp_path):
     folder = _filmtrust_dir(tmp_path, '1 2 3 9\n1 3 4 9\n')
     _assert_usage_error(
-        _run('--dataset=filmtrust', f'--data_dir={folder}',
+        _run('--task=filmtrust', f'--data_dir={folder}',
              f'--output_dir={tmp_path / "out"}'), 'filmtrust-ratings.txt',
         'expected 3 columns')
 
@@ -153,14 +153,14 @@ def test_csv_missing_column(tmp_path):
     data = tmp_path / 'ratings.csv'
     data.write_text('a,b\n1,2\n')
     _assert_usage_error(
-        _run('--dataset=csv', f'--data_dir={tmp_path}',
+        _run('--task=csv', f'--data_dir={tmp_path}',
              f'--output_dir={tmp_path / "out"}'), str(data), "'user'")
 
 
 def test_non_numeric_id(tmp_path):
     folder = _filmtrust_dir(tmp_path, '1 2 3\n1 x7 4\n')
     _assert_usage_error(
-        _run('--dataset=filmtrust', f'--data_dir={folder}',
+        _run('--task=filmtrust', f'--data_dir={folder}',
              f'--output_dir={tmp_path / "out"}'), 'filmtrust-ratings.txt',
         "non-numeric item id 'x7' on line 2")
 
@@ -169,15 +169,15 @@ def test_unwritable_output_dir(tmp_path):
     blocker = tmp_path / 'a_file'
     blocker.write_text('x')
     _assert_usage_error(
-        _run('--dataset=synthetic', f'--output_dir={blocker / "out"}'),
+        _run('--task=synthetic', f'--output_dir={blocker / "out"}'),
         str(blocker / 'out'), 'cannot create')
 
 
 def test_flag_errors_are_one_line(tmp_path):
-    _assert_usage_error(_run('--dataset=synthetic', '--num_users=many',
+    _assert_usage_error(_run('--task=synthetic', '--num_users=many',
                              f'--output_dir={tmp_path}'), '--num_users')
     _assert_usage_error(_run('--no_such_flag'), 'no_such_flag')
-    _assert_usage_error(_run('--dataset=filmtrust', '--data_seed=1',
+    _assert_usage_error(_run('--task=filmtrust', '--data_seed=1',
                              f'--output_dir={tmp_path}'), '--data_seed',
                         'synthetic')
-    _assert_usage_error(_run('--dataset=synthetic'), '--output_dir')
+    _assert_usage_error(_run('--task=synthetic'), '--output_dir')

@@ -23,7 +23,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedrecgel import privacy
-from tff_fedrecgel.algorithms import client_work
+from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.algorithms import fedrecgel
 from tff_fedrecgel.models import neumf
 
@@ -32,7 +32,7 @@ TRAIN = str(REPO / 'launch' / 'train.py')
 SMALL = ['--task=synthetic', '--num_users=80', '--num_items=400',
          '--progress=false']
 CONFIG = neumf.ModelConfig(num_items=20, gmf_dim=4, mlp_dim=8, mlp_layers=(8, 4))
-WORK = client_work.ClientWorkConfig(rho_sh=0.05, rho_ns=0.2)
+WORK = client_update.ClientWorkConfig(rho_sh=0.05, rho_ns=0.2)
 COHORT_SIZES = (30, 150, 12)
 
 
@@ -67,7 +67,8 @@ def cohort():
 def _one_round(cohort, aggregator):
     """(old weights, new weights, metrics) of one round with server SGD(1)."""
     process = fedrecgel.build_fedrecgel_process(
-        model_config=CONFIG, work=WORK, model_aggregator=aggregator,
+        model_config=CONFIG, model_aggregator=aggregator,
+        client_update=client_update.build_client_update(CONFIG, WORK, single_user=True),
         server_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=1.0))
     state = process.initialize()
     old = [np.asarray(w) for w in state['global_weights']]

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tff_fedrecgel import study
+from launch import study
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

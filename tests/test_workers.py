@@ -21,15 +21,17 @@ import pytest
 import tensorflow_federated as tff
 
 from launch import workers as launcher
-from tff_fedrecgel.algorithms import client_work
+from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.data import preprocess
 from tff_fedrecgel.data import synthetic
 from tff_fedrecgel.models import neumf
-from tff_fedrecgel.simulation import FedRecSimulation
-from tff_fedrecgel.simulation import workers as workers_lib
+from tff_fedrecgel.data import batching
+from tff_fedrecgel.simulation import Simulation
+from tff_fedrecgel.simulation import transport as workers_lib
+from tff_fedrecgel.simulation.fedrecgel_adapter import FedRecGEL
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-WORK = client_work.ClientWorkConfig(rho_sh=0.05, rho_ns=0.1)
+WORK = client_update.ClientWorkConfig(rho_sh=0.05, rho_ns=0.1)
 ROUNDS = 3
 COHORT = 8
 SEED = 2
@@ -95,26 +97,33 @@ def three_workers(tmp_path):
 MODES = {
     'per_user': (WORK, False),
     'vectorized': (WORK, True),
-    'reconstruct': (client_work.ClientWorkConfig(
+    'reconstruct': (client_update.ClientWorkConfig(
         rho_sh=0.05, rho_ns=0.1, local_state='reconstruct', reconstruction_steps=2), False),
 }
 
 
+def _algorithm(split, config, work, *, vectorized=False, **kwargs):
+    return FedRecGEL(model_config=config, work=work, num_users=split.num_users, seed=SEED,
+                     users_per_client=None if vectorized else 1, max_group_examples=200,
+                     **kwargs)
+
+
 def _simulation(split, config, *, mode='per_user', workers=None):
     work, vectorized = MODES[mode]
-    simulation = FedRecSimulation(
-        split=split, model_config=config, work=work, clients_per_round=COHORT,
-        seed=SEED, vectorized=vectorized, max_group_examples=200, workers=workers)
+    simulation = Simulation(
+        split=split, clients_per_round=COHORT, seed=SEED,
+        algorithm=_algorithm(split, config, work, vectorized=vectorized, workers=workers))
     simulation.initialize()
+    simulation.workers = simulation.algorithm.workers
     return simulation
 
 
 def _snapshot(simulation, metrics):
     """Copies of the server state, every client state, and the metrics."""
+    states = simulation.algorithm.client_states
     return collections.OrderedDict(
-        server=_leaves(simulation.server_state),
-        clients=_leaves(
-            simulation.client_states.to_arrays() if simulation.client_states else []),
+        server=_leaves(simulation.algorithm.server_state._asdict()),
+        clients=_leaves(states.state._asdict() if states else []),
         metrics={k: v for k, v in metrics.items() if 'seconds' not in k},
     )
 
@@ -234,16 +243,15 @@ def test_unreachable_worker_and_bad_addresses_fail_fast():
 
 def test_custom_aggregator_is_refused_with_workers(split, config):
     with pytest.raises(ValueError, match='not supported with --workers'):
-        FedRecSimulation(
-            split=split, model_config=config, work=WORK, clients_per_round=COHORT,
-            model_aggregator=tff.aggregators.MeanFactory(), workers=['localhost:1'])
+        _algorithm(split, config, WORK, model_aggregator=tff.aggregators.MeanFactory(),
+                   workers=['localhost:1'])
 
 
 def test_shards_are_balanced_and_cover_every_client():
-    shards = workers_lib.split_into_shards([5, 1, 1, 3, 2, 2], 2)
+    shards = batching.split_into_shards([5, 1, 1, 3, 2, 2], 2)
     assert sorted(i for s in shards for i in s) == list(range(6))
     assert [sum([5, 1, 1, 3, 2, 2][i] for i in s) for s in shards] == [7, 7]
-    assert workers_lib.split_into_shards([4.0], 3) == [[0]]
+    assert batching.split_into_shards([4.0], 3) == [[0]]
 
 
 def test_start_workers_script_starts_and_stops(tmp_path):

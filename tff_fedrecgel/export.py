@@ -1,8 +1,8 @@
 """Exports the computations a FedRecGEL deployment needs, as TFF protos.
 
-Everything is built from the one-user client work (`client_work.py`), the
-deployable form; the vectorized group work is for simulation only and is never
-exported. `build_deployment` returns, by name:
+Everything is built from the one-user device form of the client update
+(`client_update.build_client_update(single_user=True)`): the same function
+the simulation runs on groups of users, for a group of one. `build_deployment` returns, by name:
 
   initialize             () -> server_state@SERVER
   next                   the round; persistent mode:
@@ -53,8 +53,10 @@ import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import computation_pb2
 
 from tff_fedrecgel import evaluation
-from tff_fedrecgel.algorithms import client_work as client_work_lib
+from tff_fedrecgel import ranking
+from tff_fedrecgel.algorithms import client_update as client_update_lib
 from tff_fedrecgel.algorithms import fedrecgel
+from tff_fedrecgel.algorithms import local_training
 from tff_fedrecgel.models import neumf
 
 MANIFEST_NAME = 'manifest.json'
@@ -252,12 +254,9 @@ def find_local_weights_on_server(
     """
     if runs_on == DEVICE:
         return []
-    global_shapes = {
-        tuple(s.shape) for s in client_work_lib.global_weight_specs(model_config)
-    }
+    global_shapes = {tuple(s.shape) for s in neumf.global_weight_specs(model_config)}
     local_shapes = {
-        tuple(s.shape) for s in client_work_lib.local_weight_specs(model_config)
-    } - global_shapes
+        tuple(s.shape) for s in neumf.local_weight_specs(model_config)} - global_shapes
     found = []
     for part in _server_visible(type_signature, runs_on != FEDERATED):
         if pieces.client_state_type is not None and part.is_equivalent_to(
@@ -271,7 +270,7 @@ def find_local_weights_on_server(
 
 def _hyperparameters(
     model_config: neumf.ModelConfig,
-    work: client_work_lib.ClientWorkConfig,
+    work: client_update_lib.ClientWorkConfig,
     *,
     server_lr: float,
     init_seed: int,
@@ -288,7 +287,7 @@ def _hyperparameters(
         'server_lr': server_lr,
         'server_adam_epsilon': fedrecgel.SERVER_ADAM_EPSILON,
         'local_optimizer': 'adam',
-        'local_adam_epsilon': client_work_lib.ADAM_EPSILON,
+        'local_adam_epsilon': local_training.ADAM_EPSILON,
         'aggregation': 'weighted mean (tff.aggregators.MeanFactory, '
         'no_nan_division); weights per client_weighting, 0 for dropped clients',
         'init_seed': init_seed,
@@ -299,10 +298,10 @@ def _hyperparameters(
 def build_deployment(
     *,
     model_config: neumf.ModelConfig,
-    work: client_work_lib.ClientWorkConfig = client_work_lib.ClientWorkConfig(),
+    work: client_update_lib.ClientWorkConfig = client_update_lib.ClientWorkConfig(),
     server_lr: float = 0.001,
     init_seed: int = 0,
-    top_ks: tuple[int, ...] = evaluation.TOP_KS,
+    top_ks: tuple[int, ...] = ranking.TOP_KS,
 ) -> Deployment:
     """Builds every computation of a deployment, with the MapReduce forms.
 
@@ -323,8 +322,10 @@ def build_deployment(
         forms.
     """
     pieces = fedrecgel.build_round_pieces(
-        model_config=model_config, work=work, server_lr=server_lr, init_seed=init_seed
-    )
+        model_config=model_config,
+        client_update=client_update_lib.build_client_update(
+            model_config, work, single_user=True),
+        server_optimizer=fedrecgel.build_server_optimizer(server_lr), init_seed=init_seed)
     if work.local_state == 'persistent':
         federated_eval = evaluation.build_federated_evaluation(
             model_config, top_ks=top_ks
@@ -342,7 +343,7 @@ def build_deployment(
         initialize=pieces.process.initialize,
         next=pieces.process.next,
         federated_evaluation=federated_eval,
-        client_update=pieces.client_update,
+        client_update=pieces.client_work,
         server_update=pieces.server_update,
         mapreduce_round=mapreduce_round,
         mapreduce_initialize=(

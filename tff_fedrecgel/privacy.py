@@ -358,3 +358,110 @@ class PrivacyReport:
             'dp_adaptive_clip': self.adaptive_clip,
             'dp_accountant': self.accountant,
         }
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacySettings:
+    """The privacy of a run: user-level DP and/or secure aggregation.
+
+    Both act on each user's upload, so a run with either needs one user per
+    TFF client (`needs_one_user_per_client`).
+
+    Attributes:
+      noise_multiplier: DP's Gaussian noise std over the L2 clip; None: no DP
+        (0 clips without noise).
+      clip: DP's L2 clip of each upload; required for fixed clipping, the
+        initial clip (default 0.1) with `adaptive_clip`.
+      adaptive_clip: Adapt the clip to the median upload norm.
+      delta: The delta of the reported epsilon (None: 1 / users).
+      secure_aggregation: Sum the uploads with TFF's secure sum.
+
+    Raises:
+      ValueError: On inconsistent settings.
+    """
+
+    noise_multiplier: float | None = None
+    clip: float | None = None
+    adaptive_clip: bool = False
+    delta: float | None = None
+    secure_aggregation: bool = False
+
+    def __post_init__(self):
+        dp_only = [name for name, value in (('clip', self.clip), ('delta', self.delta),
+                                            ('adaptive_clip', self.adaptive_clip or None))
+                   if value is not None]
+        if self.noise_multiplier is None:
+            if dp_only:
+                raise ValueError(f'{", ".join(dp_only)} needs a DP noise multiplier')
+            return
+        if not 0 <= self.noise_multiplier < math.inf:
+            raise ValueError('the DP noise multiplier must be >= 0 and finite')
+        if self.clip is None and not self.adaptive_clip:
+            raise ValueError('DP needs a clip (or adaptive clipping)')
+        if self.clip is not None and not 0 < self.clip < math.inf:
+            raise ValueError('the DP clip must be positive and finite')
+        if self.adaptive_clip and self.secure_aggregation:
+            raise ValueError('secure aggregation with DP needs a fixed clip, not an '
+                             'adaptive one')
+        if self.delta is not None and not 0 < self.delta < 1:
+            raise ValueError('the DP delta must be in (0, 1)')
+
+    @property
+    def dp(self) -> bool:
+        return self.noise_multiplier is not None
+
+    @property
+    def needs_one_user_per_client(self) -> bool:
+        return self.dp or self.secure_aggregation
+
+    def check_client_weighting(self, client_weighting: str) -> None:
+        """User-level DP averages users unweighted.
+
+        Raises:
+          ValueError: If DP is on and the weighting is not uniform.
+        """
+        if self.dp and client_weighting != 'uniform':
+            raise ValueError('user-level DP averages users unweighted; use uniform '
+                             'client weighting')
+
+    def hparams(self, *, num_users: int) -> dict[str, Any]:
+        """The settings to record with a run (empty when both are off)."""
+        if not self.needs_one_user_per_client:
+            return {}
+        out = {'secure_aggregation': self.secure_aggregation}
+        if self.dp:
+            out.update(dp_noise_multiplier=self.noise_multiplier, dp_clip=self.clip,
+                       dp_adaptive_clip=self.adaptive_clip,
+                       dp_delta=self.delta or default_delta(num_users=num_users))
+        return out
+
+    def build(self, *, clients_per_round: int, num_users: int
+              ) -> tuple[tff.aggregators.AggregationFactory | None, PrivacyReport | None]:
+        """The model aggregator and the `PrivacyReport` of these settings.
+
+        Installs TFF's test runtime when secure aggregation is on (see
+        `use_secure_simulation_context`).
+
+        Args:
+          clients_per_round: The cohort size.
+          num_users: The population size.
+
+        Returns:
+          `(aggregator, report)`: `(None, None)` for the plain mean; the
+          report is None without DP.
+        """
+        if not self.needs_one_user_per_client:
+            return None, None
+        if self.secure_aggregation:
+            use_secure_simulation_context()
+        if not self.dp:
+            return build_secure_aggregator(), None
+        aggregator = build_dp_aggregator(
+            noise_multiplier=self.noise_multiplier, clients_per_round=clients_per_round,
+            clip=self.clip, adaptive_clip=self.adaptive_clip, secure=self.secure_aggregation)
+        report = PrivacyReport(
+            noise_multiplier=self.noise_multiplier,
+            sampling_probability=clients_per_round / num_users,
+            delta=self.delta or default_delta(num_users=num_users), clip=self.clip,
+            adaptive_clip=self.adaptive_clip)
+        return aggregator, report

@@ -3,7 +3,15 @@
 `tff.learning.templates.LearningProcess` can only carry SERVER-placed state, so
 the round is a `tff.templates.IterativeProcess` whose `next` also takes and
 returns CLIENTS-placed state: the simulation driver keeps every user's state
-and feeds the sampled users' rows in.
+and feeds the sampled users' rows in. The round is assembled from four parts,
+as TFF's own learning algorithms are:
+
+  distributor   broadcast of the global weights to the clients;
+  client work   the client update (`client_update.build_client_update`);
+  aggregator    a `tff.aggregators` factory over the clients' updates (the
+                weighted mean by default, DP or secure sums on request);
+  finalizer     `server_update`: one step of the server optimizer on the
+                aggregate, skipped when no client contributed.
 
 Persistent mode (default):
   next(server_state@SERVER, client_states@CLIENTS, client_data@CLIENTS)
@@ -12,79 +20,97 @@ Reconstruct mode (no per-user state):
   next(server_state@SERVER, client_data@CLIENTS)
     -> (server_state@SERVER, metrics@SERVER)
 
-Server state: OrderedDict(global_weights, optimizer_state, aggregator_state,
-round_num). Only the global part's update and scalar metrics reach the server.
+Only the global part's update and scalar metrics reach the server.
 """
 
+from __future__ import annotations
+
 import collections
-import dataclasses
 from collections.abc import Callable
+import dataclasses
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedrecgel.algorithms import client_work as client_work_lib
-from tff_fedrecgel.algorithms import group_client_work
+from tff_fedrecgel.algorithms import client_update as client_update_lib
+from tff_fedrecgel.algorithms import local_training
 from tff_fedrecgel.models import neumf
 
-SERVER_ADAM_EPSILON = client_work_lib.ADAM_EPSILON
+SERVER_ADAM_EPSILON = local_training.ADAM_EPSILON
+Aggregator = (tff.aggregators.WeightedAggregationFactory
+              | tff.aggregators.UnweightedAggregationFactory)
 
 
-def client_work_for(
-    model_config: neumf.ModelConfig,
-    work: client_work_lib.ClientWorkConfig,
-    *,
-    vectorized: bool,
-):
-    """The client state type, data type and update function of a round.
+class ServerState(NamedTuple):
+    """The server's state between rounds.
 
-    Args:
-      model_config: The NeuMF sizes.
-      work: What each client does.
-      vectorized: Groups of users per client (`group_client_work`) or one.
-
-    Returns:
-      `(client_state_type, client_data_type, update_fn)`.
-
-    Raises:
-      ValueError: If `vectorized` and `work` needs one user per client.
+    Attributes:
+      global_weights: The global weights, `NeuMF.global_variables` order.
+      optimizer_state: The server optimizer's state.
+      aggregator_state: The aggregator's state (empty for the plain mean).
+      round_num: int32, rounds completed.
     """
-    if vectorized:
-        group_client_work.check_supported(work)
-        return (
-            tff.types.tensorflow_to_type(group_client_work.group_state_spec(model_config)),
-            tff.types.tensorflow_to_type(group_client_work.group_data_spec()),
-            group_client_work.build_group_update_fn(model_config, work),
-        )
-    return (
-        tff.types.tensorflow_to_type(client_work_lib.client_state_spec(model_config)),
-        tff.types.tensorflow_to_type(client_work_lib.client_data_spec()),
-        client_work_lib.build_client_update_fn(model_config, work),
-    )
+
+    global_weights: Any
+    optimizer_state: Any
+    aggregator_state: Any
+    round_num: Any
+
+    def __getitem__(self, key):
+        # Fields by name too, as in the structures deserialized computations
+        # return (they carry no Python container type).
+        return getattr(self, key) if isinstance(key, str) else tuple.__getitem__(self, key)
 
 
-def _server_optimizer_or_default(optimizer, server_lr):
-    if optimizer is not None:
-        return optimizer
-    return tff.learning.optimizers.build_adam(
-        learning_rate=server_lr, epsilon=SERVER_ADAM_EPSILON
-    )
+def build_server_optimizer(learning_rate: float = 0.001
+                           ) -> tff.learning.optimizers.Optimizer:
+    """The server's default optimizer: Adam (SPEC step 9)."""
+    return tff.learning.optimizers.build_adam(learning_rate=learning_rate,
+                                              epsilon=SERVER_ADAM_EPSILON)
+
+
+def build_server_update(server_optimizer: tff.learning.optimizers.Optimizer,
+                        global_type: tff.Type, optimizer_state_type: tff.Type
+                        ) -> tff.Computation:
+    """The finalizer: one server optimizer step on the aggregated update.
+
+    Type: `(global_weights, optimizer_state, round_num, update, contributing)
+    -> OrderedDict(global_weights, optimizer_state, round_num)`. A round in
+    which no client contributed leaves the weights and optimizer untouched.
+    The multi-worker round and the export call this same computation.
+    """
+
+    @tff.tensorflow.computation(global_type, optimizer_state_type, np.int32,
+                                global_type, np.int32)
+    def server_update(weights, optimizer_state, round_num, update, contributing):
+        weights = list(weights)
+
+        def step():
+            new_state, new_weights = server_optimizer.next(optimizer_state, weights,
+                                                           list(update))
+            return new_state, list(new_weights)
+
+        new_state, new_weights = tf.cond(contributing > 0, step,
+                                         lambda: (optimizer_state, weights))
+        return collections.OrderedDict(global_weights=new_weights,
+                                       optimizer_state=new_state,
+                                       round_num=round_num + 1)
+
+    return server_update
 
 
 @dataclasses.dataclass(frozen=True)
 class RoundPieces:
-    """The FedRecGEL round and the parts it is composed of.
+    """The FedRecGEL round and the parts it is assembled from.
 
     Attributes:
       process: The round as a `tff.templates.IterativeProcess`.
-      client_update: The one-user client work, a TF computation of
+      client_work: The client update as a TF computation of
         `(global_weights, client_state, client_data)` (persistent mode) or
-        `(global_weights, client_data)` (reconstruct mode) -> OrderedDict(
-        update, weight, dropped, users[, client_state], metrics).
-      server_update: TF computation of `(global_weights, optimizer_state,
-        round_num, mean_update, contributing)` -> OrderedDict(global_weights,
-        optimizer_state, round_num).
+        `(global_weights, client_data)` (reconstruct mode).
+      server_update: The finalizer (`build_server_update`).
       round_body: The Python function tracing one round inside a
         `tff.federated_computation`: `(server_state@SERVER,
         client_states@CLIENTS or None, client_data@CLIENTS)` ->
@@ -96,7 +122,7 @@ class RoundPieces:
     """
 
     process: tff.templates.IterativeProcess
-    client_update: tff.Computation
+    client_work: tff.Computation
     server_update: tff.Computation
     round_body: Callable
     global_type: tff.Type
@@ -105,56 +131,58 @@ class RoundPieces:
     server_state_type: tff.Type
 
 
+def _build_client_work(client_update: client_update_lib.ClientUpdate,
+                       global_type: tff.Type) -> tff.Computation:
+    fn = client_update.fn
+    if client_update.state_type is None:
+        return tff.tensorflow.computation(
+            lambda weights, data: fn(weights, None, data),
+            global_type, client_update.data_type)
+    return tff.tensorflow.computation(fn, global_type, client_update.state_type,
+                                      client_update.data_type)
+
+
+@tff.tensorflow.computation(np.int32, np.int32)
+def _contributing(users, dropped):
+    return users - dropped
+
+
+@tff.tensorflow.computation(np.int32)
+def _as_float(count):
+    return tf.cast(count, tf.float32)
+
+
 def build_round_pieces(
     *,
     model_config: neumf.ModelConfig,
-    work: client_work_lib.ClientWorkConfig = client_work_lib.ClientWorkConfig(),
-    server_lr: float = 0.001,
+    client_update: client_update_lib.ClientUpdate,
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: (
-        tff.aggregators.WeightedAggregationFactory
-        | tff.aggregators.UnweightedAggregationFactory
-        | None
-    ) = None,
+    model_aggregator: Aggregator | None = None,
     init_seed: int = 0,
-    vectorized: bool = False,
-) -> 'RoundPieces':
-    """Builds the FedRecGEL round and hands out the parts it is made of.
-
-    `build_fedrecgel_process` returns just the process; export uses the parts
-    (with `vectorized=False`, the deployable one-user client work).
+) -> RoundPieces:
+    """Assembles the FedRecGEL round from its parts and hands them out.
 
     Args:
       model_config: The NeuMF sizes (`use_mlp=False` gives FedMF's GMF model).
-      work: What each client does (SAM radii, local Adam, modes).
-      server_lr: Learning rate of the default server optimizer, Adam.
-      server_optimizer: Any `tff.learning.optimizers` optimizer; overrides
-        `server_lr`.
+      client_update: The client work (`client_update.build_client_update`):
+        its types say whether a TFF client is one user (the deployable form)
+        or a group of users (simulation).
+      server_optimizer: Any `tff.learning.optimizers` optimizer; default the
+        server Adam at 0.001 (`build_server_optimizer`).
       model_aggregator: A `tff.aggregators` factory for the global update.
-        Default: the mean weighted by `work.client_weighting` (uniform weights
-        give the authors' unweighted mean), dividing safely when every client
-        was dropped. An unweighted factory (e.g. a DP one) receives the updates
-        of dropped clients as zeros.
+        Default: the weighted mean (uniform user weights give the authors'
+        unweighted mean), dividing safely when every client was dropped. An
+        unweighted factory (e.g. a DP one) receives the updates of dropped
+        clients as zeros.
       init_seed: Seed of the initial global weights.
-      vectorized: If True, each TFF client simulates a group of users with
-        their per-user computations vectorized (`group_client_work`): client
-        states and data then carry a leading user axis. Equal to one user per
-        client up to float rounding; for simulation only.
 
     Returns:
       A `RoundPieces` (see the module docstring for the process's types).
     """
-    server_optimizer = _server_optimizer_or_default(server_optimizer, server_lr)
-    if model_aggregator is None:
-        model_aggregator = tff.aggregators.MeanFactory(no_nan_division=True)
-    persistent = work.local_state == 'persistent'
-
-    global_specs = client_work_lib.global_weight_specs(model_config)
+    server_optimizer = server_optimizer or build_server_optimizer()
+    model_aggregator = model_aggregator or tff.aggregators.MeanFactory(no_nan_division=True)
+    global_specs = neumf.global_weight_specs(model_config)
     global_type = tff.types.tensorflow_to_type(global_specs)
-    state_type, data_type, update_fn = client_work_for(
-        model_config, work, vectorized=vectorized
-    )
-
     weighted = isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory)
     if weighted:
         aggregation = model_aggregator.create(global_type, tff.TensorType(np.float32))
@@ -162,136 +190,61 @@ def build_round_pieces(
         aggregation = model_aggregator.create(global_type)
 
     @tff.tensorflow.computation
-    def server_init():
+    def initial_weights_and_optimizer():
         model = neumf.NeuMF(model_config, seed=init_seed)
         weights = [tf.identity(v) for v in model.global_variables]
-        return collections.OrderedDict(
-            global_weights=weights,
-            optimizer_state=server_optimizer.initialize(global_specs),
-            round_num=tf.constant(0, tf.int32),
-        )
+        return weights, server_optimizer.initialize(global_specs)
 
     @tff.federated_computation
     def initialize_fn():
-        server = tff.federated_eval(server_init, tff.SERVER)
-        return tff.federated_zip(
-            collections.OrderedDict(
-                global_weights=server.global_weights,
-                optimizer_state=server.optimizer_state,
-                aggregator_state=aggregation.initialize(),
-                round_num=server.round_num,
-            )
-        )
+        weights, optimizer_state = tff.federated_eval(initial_weights_and_optimizer,
+                                                      tff.SERVER)
+        return tff.federated_zip(ServerState(
+            global_weights=weights, optimizer_state=optimizer_state,
+            aggregator_state=aggregation.initialize(),
+            round_num=tff.federated_value(np.int32(0), tff.SERVER)))
 
     server_state_type = initialize_fn.type_signature.result.member
-
-    if persistent:
-
-        @tff.tensorflow.computation(global_type, state_type, data_type)
-        def client_update(global_weights, client_state, data):
-            return update_fn(global_weights, client_state, data)
-
-    else:
-
-        @tff.tensorflow.computation(global_type, data_type)
-        def client_update(global_weights, data):
-            return update_fn(global_weights, None, data)
-
-    @tff.tensorflow.computation(
-        server_state_type.global_weights,
-        server_state_type.optimizer_state,
-        server_state_type.round_num,
-        global_type,
-        np.int32,
-    )
-    def server_update(weights, optimizer_state, round_num, mean_update, contributing):
-        weights = list(weights)
-
-        def step():
-            new_state, new_weights = server_optimizer.next(
-                optimizer_state, weights, list(mean_update)
-            )
-            return new_state, list(new_weights)
-
-        def skip():
-            return optimizer_state, weights
-
-        # A round where every client was dropped leaves the model untouched.
-        new_state, new_weights = tf.cond(contributing > 0, step, skip)
-        return collections.OrderedDict(
-            global_weights=new_weights,
-            optimizer_state=new_state,
-            round_num=round_num + 1,
-        )
-
-    @tff.tensorflow.computation(np.int32, np.int32)
-    def contributed(users, dropped):
-        return users - dropped
+    client_work = _build_client_work(client_update, global_type)
+    server_update = build_server_update(server_optimizer, global_type,
+                                        server_state_type.optimizer_state)
+    persistent = client_update.state_type is not None
 
     def round_body(server_state, client_states, client_data):
         weights = tff.federated_broadcast(server_state.global_weights)
-        if persistent:
-            outputs = tff.federated_map(
-                client_update, (weights, client_states, client_data)
-            )
-        else:
-            outputs = tff.federated_map(client_update, (weights, client_data))
+        args = (weights, client_states, client_data) if persistent else (weights, client_data)
+        outputs = tff.federated_map(client_work, args)
         if weighted:
-            aggregated = aggregation.next(
-                server_state.aggregator_state, outputs.update, outputs.weight
-            )
+            aggregated = aggregation.next(server_state.aggregator_state, outputs.update,
+                                          outputs.weight)
         else:
             aggregated = aggregation.next(server_state.aggregator_state, outputs.update)
-        client_contributing = tff.federated_map(
-            contributed, (outputs.users, outputs.dropped)
-        )
-        contributing = tff.federated_sum(client_contributing)
-        server = tff.federated_map(
-            server_update,
-            (
-                server_state.global_weights,
-                server_state.optimizer_state,
-                server_state.round_num,
-                aggregated.result,
-                contributing,
-            ),
-        )
-        new_server_state = tff.federated_zip(
-            collections.OrderedDict(
-                global_weights=server.global_weights,
-                optimizer_state=server.optimizer_state,
-                aggregator_state=aggregated.state,
-                round_num=server.round_num,
-            )
-        )
-        client_metrics = tff.federated_mean(
-            outputs.metrics,
-            weight=tff.federated_map(_as_float, client_contributing),
-        )
-        metrics = tff.federated_zip(
-            collections.OrderedDict(
-                loss=client_metrics.loss,
-                sam_loss_global=client_metrics.sam_loss_global,
-                sam_loss_local=client_metrics.sam_loss_local,
-                examples_per_client=client_metrics.num_examples,
-                clients=tff.federated_sum(outputs.users),
-                dropped_clients=tff.federated_sum(outputs.dropped),
-                aggregation=aggregated.measurements,
-            )
-        )
-        client_out = outputs.client_state if persistent else None
-        return new_server_state, client_out, metrics
+        contributing = tff.federated_map(_contributing, (outputs.users, outputs.dropped))
+        server = tff.federated_map(server_update, (
+            server_state.global_weights, server_state.optimizer_state,
+            server_state.round_num, aggregated.result, tff.federated_sum(contributing)))
+        new_server_state = tff.federated_zip(ServerState(
+            global_weights=server.global_weights, optimizer_state=server.optimizer_state,
+            aggregator_state=aggregated.state, round_num=server.round_num))
+        # Metrics are means over the users that contributed.
+        means = tff.federated_mean(outputs.metrics,
+                                   weight=tff.federated_map(_as_float, contributing))
+        metrics = tff.federated_zip(collections.OrderedDict(
+            loss=means.loss,
+            sam_loss_global=means.sam_loss_global,
+            sam_loss_local=means.sam_loss_local,
+            examples_per_client=means.num_examples,
+            clients=tff.federated_sum(outputs.users),
+            dropped_clients=tff.federated_sum(outputs.dropped),
+            aggregation=aggregated.measurements))
+        return new_server_state, (outputs.client_state if persistent else None), metrics
 
     server_at = tff.FederatedType(server_state_type, tff.SERVER)
-    data_at = tff.FederatedType(data_type, tff.CLIENTS)
+    data_at = tff.FederatedType(client_update.data_type, tff.CLIENTS)
     if persistent:
-
-        @tff.federated_computation(
-            server_at, tff.FederatedType(state_type, tff.CLIENTS), data_at
-        )
-        def next_fn(server_state, client_states, client_data):
-            return round_body(server_state, client_states, client_data)
-
+        next_fn = tff.federated_computation(
+            round_body, server_at, tff.FederatedType(client_update.state_type, tff.CLIENTS),
+            data_at)
     else:
 
         @tff.federated_computation(server_at, data_at)
@@ -301,29 +254,18 @@ def build_round_pieces(
 
     return RoundPieces(
         process=tff.templates.IterativeProcess(initialize_fn, next_fn),
-        client_update=client_update,
-        server_update=server_update,
-        round_body=round_body,
-        global_type=global_type,
-        client_state_type=state_type if persistent else None,
-        client_data_type=data_type,
-        server_state_type=server_state_type,
-    )
+        client_work=client_work, server_update=server_update, round_body=round_body,
+        global_type=global_type, client_state_type=client_update.state_type,
+        client_data_type=client_update.data_type, server_state_type=server_state_type)
 
 
 def build_fedrecgel_process(
     *,
     model_config: neumf.ModelConfig,
-    work: client_work_lib.ClientWorkConfig = client_work_lib.ClientWorkConfig(),
-    server_lr: float = 0.001,
+    client_update: client_update_lib.ClientUpdate,
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: (
-        tff.aggregators.WeightedAggregationFactory
-        | tff.aggregators.UnweightedAggregationFactory
-        | None
-    ) = None,
+    model_aggregator: Aggregator | None = None,
     init_seed: int = 0,
-    vectorized: bool = False,
 ) -> tff.templates.IterativeProcess:
     """Builds the FedRecGEL round (FedNCF and the ablations are radii settings).
 
@@ -333,18 +275,6 @@ def build_fedrecgel_process(
       A `tff.templates.IterativeProcess` (see the module docstring for types).
     """
     return build_round_pieces(
-        model_config=model_config,
-        work=work,
-        server_lr=server_lr,
-        server_optimizer=server_optimizer,
-        model_aggregator=model_aggregator,
-        init_seed=init_seed,
-        vectorized=vectorized,
-    ).process
-
-
-@tff.tensorflow.computation(np.int32)
-def _as_float(count):
-    return tf.cast(count, tf.float32)
-
-
+        model_config=model_config, client_update=client_update,
+        server_optimizer=server_optimizer, model_aggregator=model_aggregator,
+        init_seed=init_seed).process

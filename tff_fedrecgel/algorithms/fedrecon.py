@@ -28,8 +28,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedrecgel import evaluation
-from tff_fedrecgel.algorithms import client_work as client_work_lib
+from tff_fedrecgel import ranking
+from tff_fedrecgel.algorithms import client_update
+from tff_fedrecgel.algorithms import local_training
 from tff_fedrecgel.models import neumf
 
 
@@ -37,7 +38,7 @@ class RankMetric(tf.keras.metrics.Metric):
     """HR@K or NDCG@K of a batch whose first example is the held-out item.
 
     Each `update_state` call ranks one batch of candidates (one user), with
-    ties counted against the held-out item as `evaluation.ranking_metrics`
+    ties counted against the held-out item as `ranking.ranking_metrics`
     does; `result` is the mean over the batches seen. TFF sums the metric's
     variables over clients before finalizing, so the federated result is the
     mean over users, as in the project's other evaluations.
@@ -54,7 +55,7 @@ class RankMetric(tf.keras.metrics.Metric):
     def update_state(self, y_true, y_pred, sample_weight=None):
         del y_true, sample_weight  # The held-out item is the first candidate.
         scores = tf.reshape(tf.cast(y_pred, tf.float32), [1, -1])
-        value = evaluation.ranking_metrics(scores, top_ks=(self.k,))[
+        value = ranking.ranking_metrics(scores, top_ks=(self.k,))[
             f'{self.kind}@{self.k}']
         self.total.assign_add(tf.reduce_sum(value))
         self.count.assign_add(1.0)
@@ -66,7 +67,7 @@ class RankMetric(tf.keras.metrics.Metric):
         return {**super().get_config(), 'k': self.k, 'kind': self.kind}
 
 
-def rank_metrics(top_ks=evaluation.TOP_KS) -> list[RankMetric]:
+def rank_metrics(top_ks=ranking.TOP_KS) -> list[RankMetric]:
     """HR@K and NDCG@K metrics for each K, named `hr_at_k` and `ndcg_at_k`
     (TFF refuses `@` in metric names)."""
     return [RankMetric(k, kind) for k in top_ks for kind in ('hr', 'ndcg')]
@@ -166,7 +167,7 @@ def _loss_fn():
 
 def _reconstruction_optimizer(local_lr: float):
     return tff.learning.optimizers.build_adam(
-        learning_rate=local_lr, epsilon=client_work_lib.ADAM_EPSILON)
+        learning_rate=local_lr, epsilon=local_training.ADAM_EPSILON)
 
 
 def _check(reconstruction_steps: int, local_lr: float) -> None:
@@ -220,7 +221,7 @@ def build_fedrecon_process(
     if server_lr <= 0:
         raise ValueError(f'server_lr must be positive, got {server_lr}')
     server_optimizer = tff.learning.optimizers.build_adam(
-        learning_rate=server_lr, epsilon=client_work_lib.ADAM_EPSILON)
+        learning_rate=server_lr, epsilon=local_training.ADAM_EPSILON)
     if group_size is not None:
         if group_size < 1 or not clients_per_round or clients_per_round < 1:
             raise ValueError('group_size and clients_per_round must be positive')
@@ -254,7 +255,7 @@ def build_fedrecon_evaluation(
     model_config: neumf.ModelConfig,
     reconstruction_steps: int = 5,
     local_lr: float = 0.1,
-    top_ks=evaluation.TOP_KS,
+    top_ks=ranking.TOP_KS,
 ) -> tff.learning.templates.LearningProcess:
     """FedRecon evaluation through `tff.learning.algorithms.build_fed_recon_eval`.
 
@@ -290,13 +291,13 @@ def build_fedrecon_evaluation(
 
 
 def matching_client_work(*, reconstruction_steps: int = 5,
-                         local_lr: float = 0.1) -> client_work_lib.ClientWorkConfig:
+                         local_lr: float = 0.1) -> client_update.ClientWorkConfig:
     """The project's 'reconstruct' client work that computes what FedRecon does.
 
     Zeros, then `reconstruction_steps` Adam steps on the mean loss, no SAM:
     `evaluation.reconstruct_local_tables` with it gives the embeddings
     FedRecon's clients reconstruct, for the fast all-users evaluation.
     """
-    return client_work_lib.ClientWorkConfig(
+    return client_update.ClientWorkConfig(
         rho_sh=0.0, rho_ns=0.0, local_lr=local_lr, loss_reduction='mean',
         local_state='reconstruct', reconstruction_steps=reconstruction_steps)

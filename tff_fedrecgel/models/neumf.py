@@ -47,6 +47,16 @@ class ModelConfig:
             raise ValueError('the MLP branch needs mlp_dim > 0 and mlp_layers')
 
     @property
+    def table_dims(self) -> tuple[int, ...]:
+        """Widths of the item embedding tables (GMF, then MLP)."""
+        return (self.gmf_dim, self.mlp_dim) if self.use_mlp else (self.gmf_dim,)
+
+    @property
+    def local_dims(self) -> tuple[int, ...]:
+        """Widths of the user embedding tables (the same as the items')."""
+        return self.table_dims
+
+    @property
     def prediction_input_dim(self) -> int:
         return self.gmf_dim + (self.mlp_layers[-1] if self.use_mlp else 0)
 
@@ -268,17 +278,71 @@ def build_keras_model(config: ModelConfig, *, seed: int | None = None) -> NeuMF:
     return NeuMF(config, seed=seed)
 
 
-def split_global_weights(config: ModelConfig, global_weights: Sequence[tf.Tensor]):
-    """(item_gmf, item_mlp or None, [(kernel, bias)] tower, (kernel, bias))."""
+def global_weight_specs(config: ModelConfig) -> list[tf.TensorSpec]:
+    """Shapes of the global weights, in `NeuMF.global_variables` order."""
+    specs = [tf.TensorSpec([config.num_items, d], tf.float32) for d in config.table_dims]
+    if config.use_mlp:
+        fan_in = 2 * config.mlp_dim
+        for width in config.mlp_layers:
+            specs += [tf.TensorSpec([fan_in, width], tf.float32),
+                      tf.TensorSpec([width], tf.float32)]
+            fan_in = width
+    return specs + [tf.TensorSpec([config.prediction_input_dim, 1], tf.float32),
+                    tf.TensorSpec([1], tf.float32)]
+
+
+def local_weight_specs(config: ModelConfig, *, num_users: int | None = 1
+                       ) -> list[tf.TensorSpec]:
+    """Shapes of the user embedding tables (`NeuMF.local_variables` order)."""
+    return [tf.TensorSpec([num_users, d], tf.float32) for d in config.local_dims]
+
+
+def split_tables(config: ModelConfig, global_weights: Sequence[tf.Tensor]):
+    """`(item tables, dense weights)`: the embedding tables and the rest."""
     weights = list(global_weights)
-    item_gmf = weights.pop(0)
-    item_mlp = weights.pop(0) if config.use_mlp else None
-    tower = [
-        (weights[2 * i], weights[2 * i + 1])
-        for i in range(len(config.mlp_layers) if config.use_mlp else 0)
-    ]
-    prediction = (weights[-2], weights[-1])
-    return item_gmf, item_mlp, tower, prediction
+    num_tables = len(config.table_dims)
+    return weights[:num_tables], weights[num_tables:]
+
+
+def _dense_parts(config: ModelConfig, dense: Sequence[tf.Tensor]):
+    """`(tower [(kernel, bias)], prediction (kernel, bias))` of dense weights."""
+    layers = len(config.mlp_layers) if config.use_mlp else 0
+    tower = [(dense[2 * i], dense[2 * i + 1]) for i in range(layers)]
+    return tower, (dense[-2], dense[-1])
+
+
+def user_item_logits(config: ModelConfig, local: Sequence[tf.Tensor],
+                     item_rows: Sequence[tf.Tensor], dense: Sequence[tf.Tensor]
+                     ) -> tf.Tensor:
+    """NeuMF logits of a group of users, each with its own items.
+
+    concat(u, i) @ K = u @ K_top + i @ K_bottom: the first tower layer is
+    computed as a per-user part plus a per-item part, instead of the widest
+    layer for every (user, item) pair.
+
+    Args:
+      config: The model sizes.
+      local: The users' embedding tables, `[G, dim]` each.
+      item_rows: Item embedding rows per position, `[G, L, dim]` per table.
+      dense: Tower and prediction weights (`split_tables`), shared, or one
+        copy per user with a leading `[G]` axis (the client update perturbs
+        each user's copy separately).
+
+    Returns:
+      `[G, L]` logits.
+    """
+    tower, prediction = _dense_parts(config, dense)
+    first = None
+    if config.use_mlp:
+        kernel, bias = tower[0]
+        top, bottom = kernel[..., :config.mlp_dim, :], kernel[..., config.mlp_dim:, :]
+        if len(kernel.shape) == 3:
+            user_part = tf.einsum('gi,gio->go', local[1], top)
+        else:
+            user_part = tf.matmul(local[1], top)
+        first = user_part[:, tf.newaxis, :] + _linear(item_rows[1], bottom, bias)
+    return neumf_logits(local[0][:, tf.newaxis, :], None, item_rows[0], None,
+                        tower, prediction, first_preactivation=first)
 
 
 def score_items(
@@ -299,27 +363,18 @@ def score_items(
     Returns:
       `[num_users, num_candidates]` logits.
     """
-    item_gmf, item_mlp, tower, prediction = split_global_weights(
-        config, global_weights
-    )
-    user_gmf = tf.tile(local_weights[0][:, tf.newaxis, :], [1, tf.shape(items)[1], 1])
-    first = None
+    tables, dense = split_tables(config, global_weights)
     if config.use_mlp:
-        # concat(u, i) @ K = u @ K_top + i @ K_bottom: each user's and each
-        # item's part once, instead of the widest layer for every pair.
-        kernel, bias = tower[0]
-        user_part = tf.matmul(local_weights[1], kernel[: config.mlp_dim])
-        item_part = tf.matmul(item_mlp, kernel[config.mlp_dim :])
+        # The item part of the first layer once per item, then gathered.
+        kernel, bias = dense[0], dense[1]
+        item_part = tf.matmul(tables[1], kernel[config.mlp_dim:])
+        user_part = tf.matmul(local_weights[1], kernel[:config.mlp_dim])
         first = user_part[:, tf.newaxis, :] + tf.gather(item_part, items) + bias
-    return neumf_logits(
-        user_gmf,
-        None,
-        tf.gather(item_gmf, items),
-        None,
-        tower,
-        prediction,
-        first_preactivation=first,
-    )
+        tower, prediction = _dense_parts(config, dense)
+        return neumf_logits(local_weights[0][:, tf.newaxis, :], None,
+                            tf.gather(tables[0], items), None, tower, prediction,
+                            first_preactivation=first)
+    return user_item_logits(config, local_weights, [tf.gather(tables[0], items)], dense)
 
 
 def build_reconstruction_model(

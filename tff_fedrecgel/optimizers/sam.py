@@ -24,6 +24,32 @@ import tensorflow as tf
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices]
 Radius = Union[float, tf.Tensor]
+# Added to the gradient norm before dividing (SPEC "One round", steps 5-6).
+EPSILON = 1e-12
+
+
+def perturbation_scale(squared_norm: tf.Tensor, rho: Radius,
+                       epsilon: float = EPSILON) -> tf.Tensor:
+    """The factor `rho / (||g|| + epsilon)` that turns g into SAM's step e.
+
+    The one place SAM's perturbation is computed: this optimizer applies it to
+    a model's variables, the client update (`algorithms/client_update.py`) to
+    each user of a group with a vector of squared norms.
+
+    Args:
+      squared_norm: `||g||^2` of a variable group (any shape: one per user).
+      rho: The radius.
+      epsilon: Added to the norm.
+
+    Returns:
+      The scale, shaped like `squared_norm`.
+    """
+    return tf.cast(rho, squared_norm.dtype) / (tf.sqrt(squared_norm) + epsilon)
+
+
+def is_static_zero(rho: Radius) -> bool:
+    """Whether a radius is a Python 0, so SAM can skip its extra pass."""
+    return isinstance(rho, (int, float)) and rho == 0
 
 
 class SamGradients(NamedTuple):
@@ -50,10 +76,6 @@ def _unique_rows(gradient: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
     return unique, rows
 
 
-def _is_static_zero(rho: Radius) -> bool:
-    return isinstance(rho, (int, float)) and rho == 0
-
-
 class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
     """SAM over named variable groups, each with its own radius and optimizer.
 
@@ -66,7 +88,7 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
         *,
         rho: Mapping[str, Radius],
         base_optimizers: Mapping[str, tf.keras.optimizers.Optimizer] | None = None,
-        epsilon: float = 1e-12,
+        epsilon: float = EPSILON,
         name: str = 'SharpnessAwareMinimization',
     ):
         """Initializes the optimizer.
@@ -127,7 +149,7 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
         gradients, perturbed_losses = {}, {}
         for name in names:
             rho = self.rho[name]
-            if _is_static_zero(rho) or not var_groups[name]:
+            if is_static_zero(rho) or not var_groups[name]:
                 gradients[name], perturbed_losses[name] = list(base[name]), loss
                 continue
             gradients[name], perturbed_losses[name] = self._perturbed_gradient(
@@ -149,8 +171,8 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
             else:
                 pieces.append((var, grad))
                 squared.append(tf.reduce_sum(tf.square(grad)))
-        norm = tf.sqrt(tf.add_n(squared)) if squared else tf.constant(0.0)
-        scale = tf.cast(rho, norm.dtype) / (norm + self.epsilon)
+        squared_norm = tf.add_n(squared) if squared else tf.constant(0.0)
+        scale = perturbation_scale(squared_norm, rho, self.epsilon)
 
         restores = []
         for var, grad in pieces:

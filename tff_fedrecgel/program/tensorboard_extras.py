@@ -38,7 +38,7 @@ def write_item_projector(log_dir: os.PathLike | str, simulation) -> None:
 
     Args:
       log_dir: The TensorBoard folder.
-      simulation: A `FedRecSimulation` with a current model.
+      simulation: A `Simulation` with a current model.
     """
     log_dir = pathlib.Path(log_dir)
     projector_dir = log_dir / 'projector'

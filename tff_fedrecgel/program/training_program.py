@@ -21,15 +21,13 @@ import tensorflow as tf
 import tensorflow_federated as tff
 import tqdm
 
-from tff_fedrecgel import evaluation
+from tff_fedrecgel import ranking
 from tff_fedrecgel import runtime
 from tff_fedrecgel.program import tensorboard_extras
 from tff_fedrecgel.program.outputs import ExperimentPaths
-from tff_fedrecgel.simulation import FedRecSimulation
+from tff_fedrecgel.simulation import Simulation
 
-METRIC_NAMES = tuple(
-    f'{m}@{k}' for k in evaluation.TOP_KS for m in ('hr', 'ndcg')
-)
+METRIC_NAMES = tuple(ranking.metric_names())
 SELECT_ON = 'hr@10'
 
 
@@ -92,7 +90,7 @@ class _Checkpoints:
 
 
 def run_training(
-    simulation: FedRecSimulation,
+    simulation: Simulation,
     *,
     paths: ExperimentPaths,
     total_rounds: int,

@@ -18,15 +18,15 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+import tasks
+from tff_fedrecgel import methods as methods_lib
+
 DATASETS = ('filmtrust', 'lastfm_2k', 'amazon_video')
-METHODS = ('fedrecgel', 'fedncf', 'sam_global', 'sam_local', 'fedrecon', 'fedmf')
+METHODS = methods_lib.METHOD_NAMES
 SWEEP_GRID = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 # Radius at which the sharpness-probe runs measure both parts' sharpness.
 PROBE_RADIUS = 0.05
 PROBE_METHODS = ('fedrecgel', 'fedncf')
-# SPEC.md's radii (rho_sh, rho_ns) of the authors' final runs.
-SPEC_RADII = {'filmtrust': (0.0, 0.02), 'lastfm_2k': (0.01, 0.01),
-              'amazon_video': (0.01, 0.2)}
 # LastFM-2K is still improving at round 100; these runs go on to
 # LONG_ROUNDS (rounds 1-100 equal the main run of the same seed).
 LONG_ROUNDS = 400
@@ -78,6 +78,12 @@ class Run:
         return out
 
 
+def spec_radii(dataset: str) -> tuple[float, float]:
+    """The task's radii (rho_sh, rho_ns): SPEC.md's, of the authors' final runs."""
+    task = tasks.get_task(dataset)
+    return task.rho_sh, task.rho_ns
+
+
 def _main_run(dataset: str, method: str, seed: int, validation: bool) -> Run:
     suffix = '_valid' if validation else ''
     return Run(name=f'{dataset}/{method}{suffix}_seed{seed}', dataset=dataset,
@@ -92,7 +98,7 @@ def redundant_methods(dataset: str) -> dict[str, str]:
     "SAM on global only" FedNCF); the study runs such an ablation for one
     seed to show the identity and reports the other method's seeds for it.
     """
-    rho_sh, rho_ns = SPEC_RADII[dataset]
+    rho_sh, rho_ns = spec_radii(dataset)
     out = {}
     if rho_sh == 0:
         out.update(sam_global='fedncf', sam_local='fedrecgel')
@@ -132,7 +138,7 @@ def study_plan(*, seeds: dict[str, int] | None = None, sweep_seeds: int = 3,
                  for seed in range(LONG_SEEDS) for long_dataset, method in LONG_RUNS
                  if long_dataset == dataset and method in methods]
     if 'filmtrust' in datasets and 'fedrecgel' in methods:
-        rho_sh, rho_ns = SPEC_RADII['filmtrust']
+        rho_sh, rho_ns = spec_radii('filmtrust')
         for seed in range(sweep_seeds):
             for value in SWEEP_GRID:
                 for name, overrides in (('rho_sh', dict(rho_sh=value, rho_ns=rho_ns)),
@@ -300,7 +306,7 @@ def sweep_table(runs: pd.DataFrame) -> pd.DataFrame:
     """
     film = runs[(runs.dataset == 'filmtrust') & ~runs.validation & ~runs.probe
                 & ~runs.long & runs.method.isin(['fedrecgel', 'fedncf'])]
-    rho_sh0, rho_ns0 = SPEC_RADII['filmtrust']
+    rho_sh0, rho_ns0 = spec_radii('filmtrust')
     rows = []
     for radius in ('rho_sh', 'rho_ns'):
         other, other_value = (('rho_ns', rho_ns0) if radius == 'rho_sh'

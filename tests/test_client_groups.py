@@ -1,8 +1,8 @@
-"""The vectorized group path equals one user per client.
+"""A group of users in one TFF client equals its users one by one.
 
 Eager checks on a tiny model compare a group's upload and new states with
-the one-user client work run user by user; an end-to-end check runs a few
-FilmTrust rounds both ways.
+the same client update run user by user (the one-user device form); an
+end-to-end check runs a few FilmTrust rounds both ways.
 """
 
 import collections
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_fedrecgel.algorithms import client_work
-from tff_fedrecgel.algorithms import group_client_work
+from tff_fedrecgel.algorithms import client_update
+from tff_fedrecgel.data import batching
 from tff_fedrecgel.models import neumf
 
 CONFIG = neumf.ModelConfig(num_items=30, gmf_dim=4, mlp_dim=8, mlp_layers=(8, 4))
@@ -54,13 +54,20 @@ def _stack(states):
         adam_v=[np.concatenate([s['adam_v'][k] for s in states]) for k in range(2)])
 
 
+def _as_dicts(out):
+    if 'client_state' in out:
+        out['client_state'] = out['client_state']._asdict()
+    return out
+
+
 def _compare(work, lengths, nan_user=None, seed=0):
     global_weights, states, batches = _setup(seed, lengths, nan_user)
-    single = client_work.build_client_update_fn(CONFIG, work)
-    outs = [single(global_weights, s, collections.OrderedDict(items=i, labels=l))
+    single = client_update.build_client_update(CONFIG, work, single_user=True).fn
+    outs = [_as_dicts(single(global_weights, s, collections.OrderedDict(items=i, labels=l)))
             for s, (i, l) in zip(states, batches)]
-    group = group_client_work.build_group_update_fn(CONFIG, work)(
-        global_weights, _stack(states), group_client_work.pad_batches(batches))
+    group = _as_dicts(client_update.build_client_update(CONFIG, work).fn(
+        global_weights, _stack(states), batching.pad_batches(batches)._asdict()))
+    persistent = work.local_state == 'persistent'
 
     weights = np.array([float(o['weight']) for o in outs])
     expected = [sum(w * o['update'][k].numpy() for w, o in zip(weights, outs)) / weights.sum()
@@ -70,7 +77,7 @@ def _compare(work, lengths, nan_user=None, seed=0):
     assert int(group['users']) == len(lengths)
     for got, want in zip(group['update'], expected):
         np.testing.assert_allclose(got.numpy(), want, atol=1e-6, rtol=1e-5)
-    for u, out in enumerate(outs):
+    for u, out in enumerate(outs if persistent else []):
         for k in range(2):
             np.testing.assert_allclose(
                 group['client_state']['local_weights'][k].numpy()[u],
@@ -90,31 +97,33 @@ def _compare(work, lengths, nan_user=None, seed=0):
 @pytest.mark.parametrize('rho_sh, rho_ns', [(0.0, 0.0), (0.05, 0.0), (0.0, 0.1), (0.05, 0.1)])
 def test_group_equals_users_one_by_one(rho_sh, rho_ns):
     """Upload, states and metrics equal those of one user per client."""
-    _compare(client_work.ClientWorkConfig(rho_sh=rho_sh, rho_ns=rho_ns, chunk_size=8),
+    _compare(client_update.ClientWorkConfig(rho_sh=rho_sh, rho_ns=rho_ns, chunk_size=8),
              lengths=[20, 7, 13, 1])
 
 
 def test_group_with_mean_loss_and_example_weighting():
     """The 'mean' loss and per-example weighting also match."""
-    _compare(client_work.ClientWorkConfig(
+    _compare(client_update.ClientWorkConfig(
         rho_sh=0.05, rho_ns=0.1, loss_reduction='mean', client_weighting='num_examples'),
         lengths=[9, 17, 4])
 
 
 def test_non_finite_user_is_dropped_alone():
     """A user with a NaN label is dropped; the others' mean is uploaded."""
-    group, outs = _compare(client_work.ClientWorkConfig(rho_sh=0.05, rho_ns=0.1),
+    group, outs = _compare(client_update.ClientWorkConfig(rho_sh=0.05, rho_ns=0.1),
                            lengths=[10, 12, 6], nan_user=1)
     assert int(group['dropped']) == 1
     assert all(np.isfinite(u.numpy()).all() for u in group['update'])
 
 
-def test_unsupported_modes_are_refused():
-    """Modes without a vectorized form raise instead of running wrongly."""
-    for work in (client_work.ClientWorkConfig(local_state='reconstruct'),
-                 client_work.ClientWorkConfig(update='model_delta')):
-        with pytest.raises(ValueError):
-            group_client_work.build_group_update_fn(CONFIG, work)
+@pytest.mark.parametrize('local_state, update', [
+    ('reconstruct', 'gradient'), ('persistent', 'model_delta'), ('reconstruct', 'model_delta')])
+def test_other_modes_also_equal_users_one_by_one(local_state, update):
+    """Reconstruction and local epochs also run per user inside a group."""
+    group, _ = _compare(client_update.ClientWorkConfig(
+        rho_sh=0.05, rho_ns=0.1, chunk_size=8, local_state=local_state, update=update,
+        local_epochs=2, client_lr=0.05, reconstruction_steps=3), lengths=[20, 7, 13, 1])
+    assert ('client_state' in group) == (local_state == 'persistent')
 
 
 def _datasets():
@@ -126,24 +135,23 @@ def _datasets():
 def test_vectorized_rounds_equal_per_user_rounds_on_filmtrust():
     """Three FilmTrust rounds (122 users each, both radii on): same results."""
     import tasks
-    from tff_fedrecgel.simulation import FedRecSimulation
+    from tff_fedrecgel import simulation as simulation_lib
 
     folder = _datasets() / 'filmtrust'
     if not folder.exists():
         pytest.skip(f'{folder} is absent (set FEDRECGEL_DATASETS)')
     split = tasks.get_task('filmtrust').load_split(data_dir=folder)
-    config = neumf.ModelConfig(num_items=split.num_items)
-    work = client_work.ClientWorkConfig(rho_sh=0.01, rho_ns=0.02)
+    work = client_update.ClientWorkConfig(rho_sh=0.01, rho_ns=0.02)
     results = {}
     # A small group budget splits the cohort over several TFF clients.
     for vectorized, budget in ((False, 65536), (True, 4096)):
-        simulation = FedRecSimulation(
-            split=split, model_config=config, work=work, clients_per_round=122,
-            seed=3, vectorized=vectorized, max_group_examples=budget)
+        simulation = simulation_lib.build_simulation(
+            split=split, method='fedrecgel', work=work, clients_per_round=122,
+            seed=3, users_per_client=None if vectorized else 1, max_group_examples=budget)
         simulation.initialize()
         metrics = [simulation.run_round() for _ in range(3)]
         results[vectorized] = (simulation.global_weights,
-                               simulation.client_states.local_tables(),
+                               simulation.local_tables(),
                                metrics, simulation.evaluate())
     (g0, l0, m0, e0), (g1, l1, m1, e1) = results[False], results[True]
     for a, b in zip(g0, g1):

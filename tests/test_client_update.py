@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedrecgel.algorithms import client_work
+from tff_fedrecgel.algorithms import client_update
+from tff_fedrecgel.algorithms import local_training
 from tff_fedrecgel.models import neumf
 
 CONFIG = neumf.ModelConfig(
@@ -120,7 +121,16 @@ def _tff_adam_step(state, local_weights, grads, lr=0.1, fresh=False):
 
 
 def _numpy(structure):
-    return tf.nest.map_structure(lambda t: np.asarray(t), structure)
+    structure = tf.nest.map_structure(lambda t: np.asarray(t), structure)
+    if isinstance(structure, dict) and 'client_state' in structure:
+        structure['client_state'] = structure['client_state']._asdict()
+    return structure
+
+
+def _example_weights(n, **kwargs):
+    """One user's weights: a group of one, unpadded."""
+    return local_training.example_weights(
+        tf.reshape(n, [1]), n, **kwargs)[0]
 
 
 def _assert_all_close(actual, expected, atol=1e-6):
@@ -130,7 +140,7 @@ def _assert_all_close(actual, expected, atol=1e-6):
 
 
 def _run(work, global_weights, state, data):
-    fn = client_work.build_client_update_fn(CONFIG, work)
+    fn = client_update.build_client_update(CONFIG, work, single_user=True).fn
     return _numpy(fn(global_weights, state, data))
 
 
@@ -141,29 +151,29 @@ def _run(work, global_weights, state, data):
 
 def test_example_weights_chunk_sum():
     """chunk_sum weighs each example by 1 / len(its chunk)."""
-    weights = client_work.example_weights(
+    weights = _example_weights(
         300, loss_reduction='chunk_sum', chunk_size=128).numpy()
     expected = np.concatenate([np.full(128, 1 / 128), np.full(128, 1 / 128),
                                np.full(44, 1 / 44)])
     np.testing.assert_allclose(weights, expected, rtol=1e-7)
     assert weights.sum() == pytest.approx(3.0, rel=1e-6)
-    exact = client_work.example_weights(
+    exact = _example_weights(
         256, loss_reduction='chunk_sum', chunk_size=128).numpy()
     np.testing.assert_allclose(exact, np.full(256, 1 / 128), rtol=1e-7)
-    small = client_work.example_weights(
+    small = _example_weights(
         5, loss_reduction='chunk_sum', chunk_size=128).numpy()
     np.testing.assert_allclose(small, np.full(5, 1 / 5), rtol=1e-7)
 
 
 def test_example_weights_mean_and_graph_mode():
     """mean gives 1/n; chunk_sum also works with a dynamic n in a graph."""
-    mean = client_work.example_weights(
+    mean = _example_weights(
         300, loss_reduction='mean', chunk_size=128).numpy()
     np.testing.assert_allclose(mean, np.full(300, 1 / 300), rtol=1e-7)
 
     @tf.function(input_signature=[tf.TensorSpec([], tf.int32)])
     def weights_of(n):
-        return client_work.example_weights(
+        return _example_weights(
             n, loss_reduction='chunk_sum', chunk_size=128)
 
     for n in (1, 128, 129, 300):
@@ -184,7 +194,7 @@ def reference():
 
 def test_sam_client_update_matches_reference(reference):
     """Upload = global SAM gradient; local = one Adam step on local SAM."""
-    work = client_work.ClientWorkConfig(rho_sh=0.05, rho_ns=0.2,
+    work = client_update.ClientWorkConfig(rho_sh=0.05, rho_ns=0.2,
                                         chunk_size=CHUNK)
     global_weights, state = _random_weights(0)
     data = _batch(0)
@@ -215,7 +225,7 @@ def test_sam_client_update_matches_reference(reference):
 
 def test_zero_radii_give_plain_gradient(reference):
     """rho_sh = rho_ns = 0 uploads the plain gradient of one tape pass."""
-    work = client_work.ClientWorkConfig(chunk_size=CHUNK)
+    work = client_update.ClientWorkConfig(chunk_size=CHUNK)
     global_weights, state = _random_weights(1)
     data = _batch(1)
     out = _run(work, global_weights, state, data)
@@ -235,7 +245,7 @@ def test_mean_and_chunk_sum_reductions(reference):
     data = _batch(2)
     outs = {
         reduction: _run(
-            client_work.ClientWorkConfig(loss_reduction=reduction,
+            client_update.ClientWorkConfig(loss_reduction=reduction,
                                          chunk_size=CHUNK),
             global_weights, state, data)
         for reduction in ('chunk_sum', 'mean')
@@ -265,7 +275,7 @@ def test_mean_and_chunk_sum_reductions(reference):
 
 def test_non_finite_client_is_dropped():
     """NaN labels: weight 0, dropped 1, zero update, state unchanged."""
-    work = client_work.ClientWorkConfig(rho_sh=0.05, rho_ns=0.2)
+    work = client_update.ClientWorkConfig(rho_sh=0.05, rho_ns=0.2)
     global_weights, state = _random_weights(3)
     out = _run(work, global_weights, state, _batch(3, nan=True))
     assert out['weight'] == 0.0
@@ -285,7 +295,7 @@ def test_non_finite_client_is_dropped():
 
 def test_model_delta_matches_reference_loop(reference):
     """model_delta: received minus weights after 2 epochs of SAM/SGD steps."""
-    work = client_work.ClientWorkConfig(
+    work = client_update.ClientWorkConfig(
         rho_sh=0.05, rho_ns=0.2, update='model_delta', local_epochs=2,
         chunk_size=CHUNK, client_lr=0.05, client_weighting='num_examples')
     global_weights, state = _random_weights(4)
@@ -331,7 +341,7 @@ def test_model_delta_matches_reference_loop(reference):
 
 def test_num_examples_weighting_in_gradient_mode():
     """'num_examples' weighting gives weight = batch length."""
-    work = client_work.ClientWorkConfig(client_weighting='num_examples')
+    work = client_update.ClientWorkConfig(client_weighting='num_examples')
     global_weights, state = _random_weights(6)
     out = _run(work, global_weights, state, _batch(6, n=23))
     assert out['weight'] == 23.0
@@ -340,12 +350,12 @@ def test_num_examples_weighting_in_gradient_mode():
 
 def test_reconstruct_mode_matches_reference_and_ignores_state(reference):
     """Reconstruct: rows from zeros by Adam steps, then the SAM upload."""
-    work = client_work.ClientWorkConfig(
+    work = client_update.ClientWorkConfig(
         rho_sh=0.05, rho_ns=0.2, local_state='reconstruct',
         reconstruction_steps=3, chunk_size=CHUNK)
     global_weights, state = _random_weights(7)
     data, other = _batch(7), _batch(8)
-    fn = client_work.build_client_update_fn(CONFIG, work)
+    fn = client_update.build_client_update(CONFIG, work, single_user=True).fn
     first = _numpy(fn(global_weights, None, data))
     _numpy(fn(global_weights, None, other))
     again = _numpy(fn(global_weights, state, data))
@@ -380,11 +390,11 @@ def test_reconstruct_mode_matches_reference_and_ignores_state(reference):
 def test_invalid_config():
     """Unknown modes and negative radii are rejected."""
     with pytest.raises(ValueError):
-        client_work.ClientWorkConfig(rho_sh=-0.1)
+        client_update.ClientWorkConfig(rho_sh=-0.1)
     with pytest.raises(ValueError):
-        client_work.ClientWorkConfig(loss_reduction='sum')
+        client_update.ClientWorkConfig(loss_reduction='sum')
     with pytest.raises(ValueError):
-        client_work.ClientWorkConfig(update='delta')
+        client_update.ClientWorkConfig(update='delta')
     with pytest.raises(ValueError):
-        client_work.ClientWorkConfig(local_state='reconstruct',
+        client_update.ClientWorkConfig(local_state='reconstruct',
                                      reconstruction_steps=0)

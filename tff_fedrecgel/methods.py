@@ -1,0 +1,68 @@
+"""The methods a run can train, and what each fixes.
+
+FedRecGEL, FedNCF and the two SAM ablations are one algorithm with different
+SAM radii; FedMF is it on the GMF-only model; FedRecon is TFF's Federated
+Reconstruction on the same NeuMF. The command line, the study plan and the
+simulation builder all read this one table. Imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+FEDRECGEL = 'fedrecgel'
+FEDRECON = 'fedrecon'
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One trainable method.
+
+    Attributes:
+      name: Its `--algorithm` name.
+      description: One line for help texts.
+      rho_sh: The global radius it fixes (None: the task's or the flag's).
+      rho_ns: The local radius it fixes (None: the task's or the flag's).
+      gmf_only: Whether it uses the GMF-only model (no MLP branch).
+      algorithm: The federated algorithm that trains it (`FEDRECGEL` or
+        `FEDRECON`).
+    """
+
+    name: str
+    description: str
+    rho_sh: float | None = None
+    rho_ns: float | None = None
+    gmf_only: bool = False
+    algorithm: str = FEDRECGEL
+
+    def radii(self, rho_sh: float, rho_ns: float) -> tuple[float, float]:
+        """The radii a run uses, given the task's (or the flags') radii."""
+        return (float(rho_sh if self.rho_sh is None else self.rho_sh),
+                float(rho_ns if self.rho_ns is None else self.rho_ns))
+
+
+METHODS = {m.name: m for m in (
+    Method('fedrecgel', 'SAM on both parts with the task\'s radii (the paper\'s method)'),
+    Method('fedncf', 'no SAM (the FedNCF baseline)', rho_sh=0.0, rho_ns=0.0),
+    Method('sam_global', 'SAM on the global part only (ablation)', rho_ns=0.0),
+    Method('sam_local', 'SAM on the local part only (ablation)', rho_sh=0.0),
+    Method('fedmf', 'the GMF-only model without SAM (the FedMF baseline)',
+           rho_sh=0.0, rho_ns=0.0, gmf_only=True),
+    Method('fedrecon', 'TFF\'s Federated Reconstruction (build_fed_recon) on the same '
+           'NeuMF: no user state, embeddings rebuilt every round',
+           rho_sh=0.0, rho_ns=0.0, algorithm=FEDRECON),
+)}
+METHOD_NAMES = tuple(METHODS)
+
+
+def get_method(name: str) -> Method:
+    """Looks a method up by name.
+
+    Raises:
+      ValueError: For an unknown name.
+    """
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f'unknown method {name!r}; choose one of '
+                         f'{", ".join(METHOD_NAMES)}') from None

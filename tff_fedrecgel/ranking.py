@@ -1,0 +1,88 @@
+"""Leave-one-out ranking metrics: HR@K and NDCG@K of a held-out item.
+
+A user's held-out item gets a 0-based rank among its candidates; ties count
+against it (the authors place it last among equal scores before taking the
+top k), and a NaN score ranks below everything (a diverged model gets no
+credit). Every evaluation path (the batched one, the TFF federated ones and
+FedRecon's Keras metrics) turns ranks into metrics here.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+import math
+
+import numpy as np
+import tensorflow as tf
+
+TOP_KS = (5, 10, 15, 20)
+
+
+def check_top_ks(top_ks: Sequence[int]) -> tuple[int, ...]:
+    """The cut-offs as sorted distinct positive ints.
+
+    Raises:
+      ValueError: If empty or not positive.
+    """
+    top_ks = tuple(int(k) for k in top_ks)
+    if not top_ks or any(k < 1 for k in top_ks):
+        raise ValueError(f'top_ks must be non-empty positive ints, got {top_ks}')
+    return tuple(sorted(set(top_ks)))
+
+
+def metric_names(top_ks: Sequence[int] = TOP_KS) -> list[str]:
+    """Metric keys in output order: 'hr@k', 'ndcg@k' for each k ascending."""
+    return [f'{m}@{k}' for k in check_top_ks(top_ks) for m in ('hr', 'ndcg')]
+
+
+def metrics_from_ranks(rank: tf.Tensor, *, top_ks: Sequence[int] = TOP_KS
+                       ) -> collections.OrderedDict[str, tf.Tensor]:
+    """Per-user HR@K and NDCG@K from the held-out item's 0-based rank.
+
+    Args:
+      rank: int `[num_users]`.
+      top_ks: Cut-offs K.
+
+    Returns:
+      OrderedDict of float32 `[num_users]` tensors, keys as `metric_names`.
+    """
+    top_ks = check_top_ks(top_ks)
+    # float64 so that 1 / log2(rank + 2) is correctly rounded to float32.
+    gain = math.log(2.0) / tf.math.log(tf.cast(rank, tf.float64) + 2.0)
+    metrics = collections.OrderedDict()
+    for k in top_ks:
+        hit = tf.less(rank, k)
+        metrics[f'hr@{k}'] = tf.cast(hit, tf.float32)
+        metrics[f'ndcg@{k}'] = tf.cast(tf.where(hit, gain, tf.zeros_like(gain)), tf.float32)
+    return metrics
+
+
+def ranking_metrics(scores: tf.Tensor, *, top_ks: Sequence[int] = TOP_KS
+                    ) -> collections.OrderedDict[str, tf.Tensor]:
+    """Per-user HR@K and NDCG@K of the held-out item (column 0 of `scores`).
+
+    The held-out item's rank is the number of OTHER candidates scoring at
+    least as high.
+
+    Args:
+      scores: `[num_users, num_candidates]` scores; column 0 is the held-out
+        item.
+      top_ks: Cut-offs K.
+
+    Returns:
+      OrderedDict of float32 `[num_users]` tensors, keys 'hr@k' then 'ndcg@k'
+      for each k ascending.
+
+    Raises:
+      ValueError: If `scores` is not rank 2 or `top_ks` is invalid.
+    """
+    top_ks = check_top_ks(top_ks)
+    scores = tf.convert_to_tensor(scores)
+    if scores.shape.rank is not None and scores.shape.rank != 2:
+        raise ValueError(f'scores must be [users, candidates], got {scores.shape}')
+    if scores.dtype.is_floating:
+        scores = tf.where(tf.math.is_nan(scores), tf.constant(-np.inf, scores.dtype), scores)
+    rank = tf.reduce_sum(tf.cast(tf.greater_equal(scores[:, 1:], scores[:, :1]), tf.int32),
+                         axis=1)
+    return metrics_from_ranks(rank, top_ks=top_ks)

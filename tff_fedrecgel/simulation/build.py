@@ -1,0 +1,92 @@
+"""Builds a `Simulation` of any method from plain settings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import dataclasses
+
+import tensorflow_federated as tff
+
+from tff_fedrecgel import methods
+from tff_fedrecgel.algorithms import client_update
+from tff_fedrecgel.algorithms import fedrecgel
+from tff_fedrecgel.data.preprocess import Split
+from tff_fedrecgel.models import neumf
+from tff_fedrecgel.simulation import fedrecgel_adapter
+from tff_fedrecgel.simulation import fedrecon_adapter
+from tff_fedrecgel.simulation.driver import Simulation
+
+
+def model_config_for(method: methods.Method, num_items: int) -> neumf.ModelConfig:
+    """The NeuMF sizes a method trains (FedMF: GMF only)."""
+    if method.gmf_only:
+        return neumf.ModelConfig(num_items=num_items, use_mlp=False, mlp_layers=())
+    return neumf.ModelConfig(num_items=num_items)
+
+
+def build_simulation(
+    *,
+    split: Split,
+    method: str,
+    work: client_update.ClientWorkConfig,
+    clients_per_round: int,
+    seed: int = 0,
+    server_lr: float = 0.001,
+    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+    num_negatives: int = 4,
+    users_per_client: int | None = None,
+    max_group_examples: int = fedrecgel_adapter.DEFAULT_MAX_GROUP_EXAMPLES,
+    model_aggregator: fedrecgel.Aggregator | None = None,
+    workers: str | Sequence[str] | None = None,
+    sharpness_probe: float | None = None,
+) -> Simulation:
+    """A simulation of `method` on `split`.
+
+    Args:
+      split: The preprocessed dataset.
+      method: A name of `methods.METHODS`; its fixed radii override `work`'s.
+      work: What each user does (FedRecon uses its `local_lr` and
+        `reconstruction_steps`).
+      clients_per_round: Cohort size.
+      seed: Seed of sampling, negatives and initial weights.
+      server_lr: Learning rate of the default server Adam.
+      server_optimizer: Overrides `server_lr` (FedRecGEL methods).
+      num_negatives: Training negatives per positive.
+      users_per_client: Users per TFF client (None: as many as fit
+        `max_group_examples`; 1: one user per client).
+      max_group_examples: Padded examples per TFF client.
+      model_aggregator: A `tff.aggregators` factory (FedRecGEL methods).
+      workers: TFF worker services to split rounds across (FedRecGEL).
+      sharpness_probe: Radius of the sharpness probe (FedRecGEL).
+
+    Returns:
+      An uninitialized `Simulation`.
+
+    Raises:
+      ValueError: On an unknown method or settings it does not take.
+    """
+    spec = methods.get_method(method)
+    model_config = model_config_for(spec, split.num_items)
+    if spec.algorithm == methods.FEDRECON:
+        unused = [name for name, value in (
+            ('server_optimizer', server_optimizer), ('model_aggregator', model_aggregator),
+            ('workers', workers), ('sharpness_probe', sharpness_probe)) if value is not None]
+        if unused:
+            raise ValueError(f'fedrecon does not take {", ".join(unused)}')
+        algorithm = fedrecon_adapter.FedRecon(
+            model_config=model_config, clients_per_round=clients_per_round, seed=seed,
+            server_lr=server_lr, local_lr=work.local_lr,
+            reconstruction_steps=work.reconstruction_steps,
+            grouped=users_per_client != 1, max_group_examples=max_group_examples)
+    else:
+        rho_sh, rho_ns = spec.radii(work.rho_sh, work.rho_ns)
+        algorithm = fedrecgel_adapter.FedRecGEL(
+            model_config=model_config,
+            work=dataclasses.replace(work, rho_sh=rho_sh, rho_ns=rho_ns),
+            num_users=split.num_users, seed=seed,
+            server_optimizer=server_optimizer or fedrecgel.build_server_optimizer(server_lr),
+            model_aggregator=model_aggregator, users_per_client=users_per_client,
+            max_group_examples=max_group_examples, workers=workers,
+            sharpness_probe=sharpness_probe)
+    return Simulation(split=split, algorithm=algorithm, clients_per_round=clients_per_round,
+                      seed=seed, num_negatives=num_negatives)

@@ -1,0 +1,194 @@
+"""The simulation driver: one population of users, any algorithm.
+
+`Simulation` runs rounds over a split in one process: it samples each round's
+cohort, builds the sampled users' round batches, hands them to the algorithm,
+and evaluates every user. What differs between algorithms (FedRecGEL and its
+settings, TFF's FedRecon) sits behind the small `Algorithm` protocol; the
+training program (`program/`) only sees a `Simulation`.
+
+Randomness is counter-based, so a checkpoint needs no generator state: the
+cohort of round r comes from TFF's uniform sampling function seeded with
+`seed` (a function of r), a user's batch from `default_rng([seed, r, user])`,
+and the initial weights from `seed`.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping, Sequence
+import time
+from typing import Any, Protocol
+
+import numpy as np
+import tensorflow_federated as tff
+
+from tff_fedrecgel import evaluation
+from tff_fedrecgel.algorithms import client_update
+from tff_fedrecgel.data.client_data import Batch
+from tff_fedrecgel.data.client_data import FederatedTrainData
+from tff_fedrecgel.data.preprocess import Split
+from tff_fedrecgel.models import neumf
+
+# Users who rebuild their embedding for evaluation draw their batches as
+# "round 0" (training rounds are numbered from 1).
+EVAL_ROUND = 0
+
+
+class Algorithm(Protocol):
+    """What the driver needs of a federated algorithm.
+
+    Attributes:
+      model_config: The NeuMF sizes.
+      reconstruction: How a user without a stored embedding rebuilds it
+        (`reconstruction_steps`, `local_lr` and the loss of the config).
+    """
+
+    model_config: neumf.ModelConfig
+    reconstruction: client_update.ClientWorkConfig
+
+    def initialize(self) -> None:
+        """Sets round 0: initial weights (and every user's state)."""
+
+    def next(self, users: Sequence[int], batches: Sequence[Batch]) -> Mapping[str, Any]:
+        """Runs one round on the sampled `users`; returns nested metrics."""
+
+    @property
+    def global_weights(self) -> list[np.ndarray]:
+        """The current global weights, `NeuMF.global_variables` order."""
+
+    def local_tables(self) -> list[np.ndarray] | None:
+        """Every user's stored embedding (`[num_users, dim]` tables), or None
+        when users keep none and rebuild it (`reconstruction`)."""
+
+    def get_state(self) -> Any:
+        """A nested structure of arrays from which `restore` resumes."""
+
+    def restore(self, state: Any) -> None:
+        """Resumes from a `get_state()` structure."""
+
+
+def clients_per_round_for(num_users: int, fraction: float) -> int:
+    """int(fraction * num_users), at least 1 (SPEC step 1)."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f'client fraction must be in (0, 1], got {fraction}')
+    return max(1, int(fraction * num_users))
+
+
+def _flatten(value, prefix: str = '') -> dict[str, float]:
+    """Nested metrics to {'a/b': float}; empty structures vanish."""
+    if isinstance(value, Mapping):
+        out = {}
+        for key, inner in value.items():
+            out.update(_flatten(inner, f'{prefix}{key}/'))
+        return out
+    if isinstance(value, (list, tuple)):
+        return {}
+    return {prefix[:-1]: float(np.asarray(value))}
+
+
+class Simulation:
+    """Rounds of a federated algorithm over a population of users."""
+
+    def __init__(self, *, split: Split, algorithm: Algorithm, clients_per_round: int,
+                 seed: int = 0, num_negatives: int = 4):
+        """Prepares the per-user data and the cohort sampling.
+
+        Args:
+          split: The preprocessed dataset.
+          algorithm: The algorithm (`num_items` of its model must match).
+          clients_per_round: Cohort size (fixed, so TFF never retraces).
+          seed: Seed of sampling and negatives (the algorithm's initial
+            weights take the same seed).
+          num_negatives: Training negatives per positive.
+
+        Raises:
+          ValueError: On inconsistent sizes.
+        """
+        if algorithm.model_config.num_items != split.num_items:
+            raise ValueError(f'model has {algorithm.model_config.num_items} items, '
+                             f'data {split.num_items}')
+        if not 1 <= clients_per_round <= split.num_users:
+            raise ValueError(f'clients_per_round must be in [1, {split.num_users}], '
+                             f'got {clients_per_round}')
+        if num_negatives < 0:
+            raise ValueError(f'num_negatives must be >= 0, got {num_negatives}')
+        self.split = split
+        self.algorithm = algorithm
+        self.clients_per_round = clients_per_round
+        self.seed = seed
+        self.num_negatives = num_negatives
+        self.train_data = FederatedTrainData.from_split(split)
+        self._sample = tff.simulation.build_uniform_sampling_fn(
+            range(split.num_users), replace=False, random_seed=seed)
+        self.round_num = 0
+        self._started = False
+        self._rebuilt = None  # (round, tables) of users who rebuild their embedding.
+
+    def initialize(self) -> None:
+        """Sets round 0."""
+        self.algorithm.initialize()
+        self.round_num, self._started, self._rebuilt = 0, True, None
+
+    def sample_clients(self, round_num: int) -> list[int]:
+        """The cohort of `round_num` (uniform, without replacement)."""
+        return [int(u) for u in self._sample(round_num, self.clients_per_round)]
+
+    def batches(self, users: Sequence[int], round_num: int) -> list[Batch]:
+        """The users' round batches (`FederatedTrainData.round_batches`)."""
+        return self.train_data.round_batches(users, seed=self.seed, round_num=round_num,
+                                             num_negatives=self.num_negatives)
+
+    def run_round(self) -> dict[str, float]:
+        """Runs the next round; returns its training metrics (flat floats)."""
+        if not self._started:
+            raise RuntimeError('call initialize() or restore() first')
+        round_num = self.round_num + 1
+        start = time.perf_counter()
+        users = self.sample_clients(round_num)
+        metrics = _flatten(self.algorithm.next(users, self.batches(users, round_num)))
+        self.round_num = round_num
+        for part in ('global', 'local'):
+            if f'sam_loss_{part}' in metrics:
+                metrics[f'sharpness_{part}'] = metrics[f'sam_loss_{part}'] - metrics['loss']
+        metrics['round_seconds'] = time.perf_counter() - start
+        return metrics
+
+    @property
+    def global_weights(self) -> list[np.ndarray]:
+        return self.algorithm.global_weights
+
+    def local_tables(self) -> list[np.ndarray]:
+        """Every user's embedding: stored, or rebuilt from the user's data.
+
+        A rebuilt table is kept for the round, so test and validation share it.
+        """
+        tables = self.algorithm.local_tables()
+        if tables is not None:
+            return tables
+        if self._rebuilt is None or self._rebuilt[0] != self.round_num:
+            users = range(self.split.num_users)
+            self._rebuilt = (self.round_num, evaluation.reconstruct_local_tables(
+                self.algorithm.model_config, self.algorithm.reconstruction,
+                self.global_weights, self.batches(users, EVAL_ROUND)))
+        return self._rebuilt[1]
+
+    def evaluate(self, which: str = 'test') -> dict[str, float]:
+        """HR@K and NDCG@K over all users (the fast batched path)."""
+        metrics = evaluation.evaluate_users(
+            self.algorithm.model_config, self.global_weights, self.local_tables(),
+            self.split.candidates(which))
+        return {k: float(v) for k, v in metrics.items()}
+
+    def get_state(self) -> collections.OrderedDict:
+        """Everything needed to resume: the algorithm's state and the round."""
+        return collections.OrderedDict(round_num=np.int64(self.round_num),
+                                       seed=np.int64(self.seed),
+                                       algorithm=self.algorithm.get_state())
+
+    def restore(self, state: Mapping) -> None:
+        """Resumes from a `get_state()` structure."""
+        if int(state['seed']) != self.seed:
+            raise ValueError(f'checkpoint was made with seed {int(state["seed"])}, '
+                             f'not {self.seed}')
+        self.algorithm.restore(state['algorithm'])
+        self.round_num, self._started, self._rebuilt = int(state['round_num']), True, None

@@ -1,0 +1,163 @@
+"""FedRecGEL (and FedNCF, the ablations, FedMF) behind the driver's protocol.
+
+The round is the TFF process of `fedrecgel.build_round_pieces`; this adapter
+packs the sampled users into TFF clients (`data.batching`), feeds their
+stored states in and keeps the new ones (`ClientStateTable`). A TFF client
+stands for a group of users whose per-user math is vectorized (the default:
+same results as one user per client, far faster) or for one user
+(`users_per_client=1`, the deployable structure, needed where the
+aggregator must see each user's upload: differential privacy and secure
+aggregation).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+import dataclasses
+from typing import Any
+
+import numpy as np
+import tensorflow_federated as tff
+
+from tff_fedrecgel.algorithms import client_update as client_update_lib
+from tff_fedrecgel.algorithms import fedrecgel
+from tff_fedrecgel.data import batching
+from tff_fedrecgel.data.client_data import Batch
+from tff_fedrecgel.models import neumf
+from tff_fedrecgel.simulation import sharded_round
+from tff_fedrecgel.simulation.client_states import ClientStateTable
+
+DEFAULT_MAX_GROUP_EXAMPLES = 16384
+
+
+class FedRecGEL:
+    """The FedRecGEL round over a population (an `Algorithm` of the driver)."""
+
+    def __init__(
+        self,
+        *,
+        model_config: neumf.ModelConfig,
+        work: client_update_lib.ClientWorkConfig,
+        num_users: int,
+        seed: int = 0,
+        server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+        model_aggregator: fedrecgel.Aggregator | None = None,
+        users_per_client: int | None = None,
+        max_group_examples: int = DEFAULT_MAX_GROUP_EXAMPLES,
+        workers: str | Sequence[str] | None = None,
+        sharpness_probe: float | None = None,
+    ):
+        """Builds the TFF process.
+
+        Args:
+          model_config: The model sizes.
+          work: What each user does.
+          num_users: Users in the population (rows of the state table).
+          seed: Seed of the initial weights and user embeddings.
+          server_optimizer: Default: server Adam at 0.001.
+          model_aggregator: Optional `tff.aggregators` factory for the update.
+          users_per_client: Users per TFF client: None packs as many as
+            `max_group_examples` allows (vectorized); 1 is one user per client.
+          max_group_examples: A TFF client's padded size (users x longest
+            batch) stays under this unless one user alone exceeds it.
+          workers: TFF worker services (`'host:port,...'` or a list) to split
+            each round across (`sharded_round.ShardedRound`); None runs it in
+            this process's TFF context.
+          sharpness_probe: If given, every round also measures the sharpness
+            L(w + e) - L(w) of the global and of the local part at this radius
+            (e as in SAM) on the round's cohort before its update, whatever
+            the training radii; the probe's updates are discarded.
+
+        Raises:
+          ValueError: On inconsistent settings.
+          WorkerError: If a worker does not answer.
+        """
+        if max_group_examples < 1 or (users_per_client is not None and users_per_client < 1):
+            raise ValueError('max_group_examples and users_per_client must be positive')
+        if sharpness_probe is not None and not (
+                sharpness_probe > 0 and workers is None and model_aggregator is None
+                and work.persistent):
+            raise ValueError('sharpness_probe must be positive, with persistent local '
+                             'state, no workers and no custom aggregator')
+        if workers is not None and model_aggregator is not None:
+            raise ValueError('a custom model_aggregator (e.g. DP) is not supported with '
+                             '--workers; only the default mean is split across workers')
+        self.model_config = model_config
+        self.work = self.reconstruction = work
+        self.num_users = num_users
+        self.seed = seed
+        self.users_per_client = users_per_client
+        self.max_group_examples = max_group_examples
+
+        def pieces(work):
+            return fedrecgel.build_round_pieces(
+                model_config=model_config,
+                client_update=client_update_lib.build_client_update(model_config, work),
+                server_optimizer=server_optimizer, model_aggregator=model_aggregator,
+                init_seed=seed)
+
+        self.pieces = pieces(work)
+        self.workers = None
+        if workers is not None:
+            self.workers = sharded_round.ShardedRound(workers=workers, pieces=self.pieces)
+        self._probe = None
+        if sharpness_probe is not None:
+            self._probe = pieces(dataclasses.replace(
+                work, rho_sh=sharpness_probe, rho_ns=sharpness_probe)).process.next
+        self.server_state = None
+        self.client_states: ClientStateTable | None = None
+
+    def initialize(self) -> None:
+        runner = self.workers or self.pieces.process
+        self.server_state = runner.initialize()
+        if self.work.persistent:
+            self.client_states = ClientStateTable(client_update_lib.initial_client_states(
+                self.model_config, num_users=self.num_users, seed=self.seed))
+
+    def next(self, users: Sequence[int], batches: Sequence[Batch]) -> dict[str, Any]:
+        groups = batching.group_by_length(
+            [len(items) for items, _ in batches], max_examples=self.max_group_examples,
+            max_users=self.users_per_client)
+        multiple = 1 if self.users_per_client == 1 else batching.PAD_MULTIPLE
+        data = [batching.pad_batches([batches[i] for i in g], multiple=multiple)._asdict()
+                for g in groups]
+        members = [[users[i] for i in g] for g in groups]
+        run = self.workers.next if self.workers else self.pieces.process.next
+        if not self.work.persistent:
+            self.server_state, metrics = run(self.server_state, data)
+            return metrics
+        states = [self.client_states.gather(m) for m in members]
+        probe = self._probe_metrics(states, data)
+        self.server_state, new_states, metrics = run(self.server_state, states, data)
+        for m, state in zip(members, new_states):
+            self.client_states.scatter(m, state)
+        metrics.update(probe)
+        return metrics
+
+    def _probe_metrics(self, states, data) -> dict:
+        """Sharpness at the probe radius, from a discarded round."""
+        if self._probe is None:
+            return {}
+        _, _, metrics = self._probe(self.server_state, states, data)
+        return {'probe_sharpness_global': metrics['sam_loss_global'] - metrics['loss'],
+                'probe_sharpness_local': metrics['sam_loss_local'] - metrics['loss']}
+
+    @property
+    def global_weights(self) -> list[np.ndarray]:
+        return [np.asarray(w) for w in self.server_state.global_weights]
+
+    def local_tables(self) -> list[np.ndarray] | None:
+        return self.client_states.local_tables() if self.work.persistent else None
+
+    def get_state(self) -> collections.OrderedDict:
+        state = collections.OrderedDict(server_state=self.server_state)
+        if self.work.persistent:
+            state['client_states'] = self.client_states.state
+        return state
+
+    def restore(self, state) -> None:
+        self.server_state = fedrecgel.ServerState(*state['server_state']) if not isinstance(
+            state['server_state'], fedrecgel.ServerState) else state['server_state']
+        if self.work.persistent:
+            self.client_states = ClientStateTable(state['client_states'])
