@@ -108,6 +108,15 @@ class ClientWorkConfig:
         return self.local_state == 'persistent'
 
 
+def item_or_field(self, key):
+    """`__getitem__` of the typed states: by position, or a field by name.
+
+    By name as well, as in the structures deserialized computations return
+    (they carry no Python container type), so code reads both alike.
+    """
+    return getattr(self, key) if isinstance(key, str) else tuple.__getitem__(self, key)
+
+
 class ClientState(NamedTuple):
     """What a user keeps between rounds (persistent mode).
 
@@ -124,10 +133,7 @@ class ClientState(NamedTuple):
     adam_m: list
     adam_v: list
 
-    def __getitem__(self, key):
-        # Fields by name too, as in the structures deserialized computations
-        # return (they carry no Python container type).
-        return getattr(self, key) if isinstance(key, str) else tuple.__getitem__(self, key)
+    __getitem__ = item_or_field
 
 
 @dataclasses.dataclass(frozen=True)

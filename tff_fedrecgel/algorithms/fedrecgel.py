@@ -58,10 +58,7 @@ class ServerState(NamedTuple):
     aggregator_state: Any
     round_num: Any
 
-    def __getitem__(self, key):
-        # Fields by name too, as in the structures deserialized computations
-        # return (they carry no Python container type).
-        return getattr(self, key) if isinstance(key, str) else tuple.__getitem__(self, key)
+    __getitem__ = client_update_lib.item_or_field
 
 
 def build_server_optimizer(learning_rate: float = 0.001

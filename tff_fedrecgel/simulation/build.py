@@ -39,6 +39,7 @@ def build_simulation(
     model_aggregator: fedrecgel.Aggregator | None = None,
     workers: str | Sequence[str] | None = None,
     sharpness_probe: float | None = None,
+    heldout_fraction: float = 0.0,
 ) -> Simulation:
     """A simulation of `method` on `split`.
 
@@ -58,6 +59,8 @@ def build_simulation(
       model_aggregator: A `tff.aggregators` factory (FedRecGEL methods).
       workers: TFF worker services to split rounds across (FedRecGEL).
       sharpness_probe: Radius of the sharpness probe (FedRecGEL).
+      heldout_fraction: Fraction of users never trained on, evaluated with
+        embeddings rebuilt from their data (`Simulation`).
 
     Returns:
       An uninitialized `Simulation`.
@@ -89,4 +92,5 @@ def build_simulation(
             max_group_examples=max_group_examples, workers=workers,
             sharpness_probe=sharpness_probe)
     return Simulation(split=split, algorithm=algorithm, clients_per_round=clients_per_round,
-                      seed=seed, num_negatives=num_negatives)
+                      seed=seed, num_negatives=num_negatives,
+                      heldout_fraction=heldout_fraction)

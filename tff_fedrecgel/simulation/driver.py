@@ -32,6 +32,9 @@ from tff_fedrecgel.models import neumf
 # Users who rebuild their embedding for evaluation draw their batches as
 # "round 0" (training rounds are numbered from 1).
 EVAL_ROUND = 0
+# Held-out users depend on the data alone (not on the run's seed), so every
+# method and seed on a split is measured on the same unseen users.
+HELDOUT_SEED = 0x4E1D
 
 
 class Algorithm(Protocol):
@@ -74,6 +77,26 @@ def clients_per_round_for(num_users: int, fraction: float) -> int:
     return max(1, int(fraction * num_users))
 
 
+def heldout_users_for(num_users: int, fraction: float) -> np.ndarray:
+    """The users a run never trains on: a fixed random `fraction` of them.
+
+    Args:
+      num_users: The population size.
+      fraction: In [0, 1); `round(fraction * num_users)` users.
+
+    Returns:
+      Sorted int64 user indices.
+
+    Raises:
+      ValueError: If `fraction` is outside [0, 1).
+    """
+    if not 0 <= fraction < 1:
+        raise ValueError(f'the held-out fraction must be in [0, 1), got {fraction}')
+    count = int(round(fraction * num_users))
+    rng = np.random.default_rng([HELDOUT_SEED, num_users])
+    return np.sort(rng.permutation(num_users)[:count]).astype(np.int64)
+
+
 def _flatten(value, prefix: str = '') -> dict[str, float]:
     """Nested metrics to {'a/b': float}; empty structures vanish."""
     if isinstance(value, Mapping):
@@ -90,7 +113,7 @@ class Simulation:
     """Rounds of a federated algorithm over a population of users."""
 
     def __init__(self, *, split: Split, algorithm: Algorithm, clients_per_round: int,
-                 seed: int = 0, num_negatives: int = 4):
+                 seed: int = 0, num_negatives: int = 4, heldout_fraction: float = 0.0):
         """Prepares the per-user data and the cohort sampling.
 
         Args:
@@ -100,6 +123,10 @@ class Simulation:
           seed: Seed of sampling and negatives (the algorithm's initial
             weights take the same seed).
           num_negatives: Training negatives per positive.
+          heldout_fraction: A fixed random fraction of users
+            (`heldout_users_for`) that never trains and is never sampled;
+            `evaluate(heldout=True)` measures them with embeddings rebuilt
+            from their own training interactions.
 
         Raises:
           ValueError: On inconsistent sizes.
@@ -107,8 +134,12 @@ class Simulation:
         if algorithm.model_config.num_items != split.num_items:
             raise ValueError(f'model has {algorithm.model_config.num_items} items, '
                              f'data {split.num_items}')
-        if not 1 <= clients_per_round <= split.num_users:
-            raise ValueError(f'clients_per_round must be in [1, {split.num_users}], '
+        self.heldout_users = heldout_users_for(split.num_users, heldout_fraction)
+        held = np.zeros(split.num_users, bool)
+        held[self.heldout_users] = True
+        self.train_users = np.flatnonzero(~held)
+        if not 1 <= clients_per_round <= len(self.train_users):
+            raise ValueError(f'clients_per_round must be in [1, {len(self.train_users)}], '
                              f'got {clients_per_round}')
         if num_negatives < 0:
             raise ValueError(f'num_negatives must be >= 0, got {num_negatives}')
@@ -118,16 +149,18 @@ class Simulation:
         self.seed = seed
         self.num_negatives = num_negatives
         self.train_data = FederatedTrainData.from_split(split)
+        population = (range(split.num_users) if not len(self.heldout_users)
+                      else self.train_users.tolist())
         self._sample = tff.simulation.build_uniform_sampling_fn(
-            range(split.num_users), replace=False, random_seed=seed)
+            population, replace=False, random_seed=seed)
         self.round_num = 0
         self._started = False
-        self._rebuilt = None  # (round, tables) of users who rebuild their embedding.
+        self._rebuilt = {}  # Users who rebuild their embedding: key -> (round, tables).
 
     def initialize(self) -> None:
         """Sets round 0."""
         self.algorithm.initialize()
-        self.round_num, self._started, self._rebuilt = 0, True, None
+        self.round_num, self._started, self._rebuilt = 0, True, {}
 
     def sample_clients(self, round_num: int) -> list[int]:
         """The cohort of `round_num` (uniform, without replacement)."""
@@ -157,26 +190,49 @@ class Simulation:
     def global_weights(self) -> list[np.ndarray]:
         return self.algorithm.global_weights
 
-    def local_tables(self) -> list[np.ndarray]:
-        """Every user's embedding: stored, or rebuilt from the user's data.
-
-        A rebuilt table is kept for the round, so test and validation share it.
-        """
-        tables = self.algorithm.local_tables()
-        if tables is not None:
-            return tables
-        if self._rebuilt is None or self._rebuilt[0] != self.round_num:
-            users = range(self.split.num_users)
-            self._rebuilt = (self.round_num, evaluation.reconstruct_local_tables(
+    def _rebuild(self, key: str, users: np.ndarray) -> list[np.ndarray]:
+        """`users`' embeddings rebuilt from their training data, kept for the round."""
+        if key not in self._rebuilt or self._rebuilt[key][0] != self.round_num:
+            self._rebuilt[key] = (self.round_num, evaluation.reconstruct_local_tables(
                 self.algorithm.model_config, self.algorithm.reconstruction,
                 self.global_weights, self.batches(users, EVAL_ROUND)))
-        return self._rebuilt[1]
+        return self._rebuilt[key][1]
 
-    def evaluate(self, which: str = 'test') -> dict[str, float]:
-        """HR@K and NDCG@K over all users (the fast batched path)."""
+    def local_tables(self, *, heldout: bool = False) -> list[np.ndarray]:
+        """The embeddings of the training (or held-out) users, one row each.
+
+        Training users: stored, or rebuilt from their data when the algorithm
+        keeps none. Held-out users: always rebuilt, the global part frozen.
+        Rows follow `train_users` (or `heldout_users`).
+        """
+        if heldout:
+            return self._rebuild('heldout', self.heldout_users)
+        tables = self.algorithm.local_tables()
+        if tables is None:
+            return self._rebuild('train', self.train_users)
+        if len(self.heldout_users):
+            return [t[self.train_users] for t in tables]
+        return tables
+
+    def evaluate(self, which: str = 'test', *, heldout: bool = False) -> dict[str, float]:
+        """HR@K and NDCG@K of the training (or held-out) users' `which` items.
+
+        Args:
+          which: 'test' or 'valid'.
+          heldout: Evaluate the held-out users instead of the training users.
+
+        Returns:
+          Means over the users (the fast batched path).
+
+        Raises:
+          ValueError: If `heldout` and the run holds no users out.
+        """
+        users = self.heldout_users if heldout else self.train_users
+        if not len(users):
+            raise ValueError('this simulation holds no users out')
         metrics = evaluation.evaluate_users(
-            self.algorithm.model_config, self.global_weights, self.local_tables(),
-            self.split.candidates(which))
+            self.algorithm.model_config, self.global_weights,
+            self.local_tables(heldout=heldout), self.split.candidates(which)[users])
         return {k: float(v) for k, v in metrics.items()}
 
     def get_state(self) -> collections.OrderedDict:
@@ -191,4 +247,4 @@ class Simulation:
             raise ValueError(f'checkpoint was made with seed {int(state["seed"])}, '
                              f'not {self.seed}')
         self.algorithm.restore(state['algorithm'])
-        self.round_num, self._started, self._rebuilt = int(state['round_num']), True, None
+        self.round_num, self._started, self._rebuilt = int(state['round_num']), True, {}

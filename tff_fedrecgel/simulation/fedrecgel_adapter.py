@@ -119,9 +119,9 @@ class FedRecGEL:
         groups = batching.group_by_length(
             [len(items) for items, _ in batches], max_examples=self.max_group_examples,
             max_users=self.users_per_client)
-        multiple = 1 if self.users_per_client == 1 else batching.PAD_MULTIPLE
-        data = [batching.pad_batches([batches[i] for i in g], multiple=multiple)._asdict()
-                for g in groups]
+        # Padded lengths come in a few sizes: TFF's worker keeps memory for
+        # every input shape it has run (one user per client included).
+        data = [batching.pad_batches([batches[i] for i in g])._asdict() for g in groups]
         members = [[users[i] for i in g] for g in groups]
         run = self.workers.next if self.workers else self.pieces.process.next
         if not self.work.persistent:
