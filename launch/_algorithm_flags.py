@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from absl import flags
 
-import tasks
+from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError
 
 ALGORITHMS = ('fedrecgel', 'fedncf', 'sam_global', 'sam_local', 'fedmf', 'fedrecon')

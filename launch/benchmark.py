@@ -35,7 +35,7 @@ _entry.setup_environment()
 
 from absl import flags
 
-import tasks
+from tff_fedrecgel import tasks
 from launch import _data_flags
 from tff_fedrecgel import runtime
 from tff_fedrecgel.errors import DataError

@@ -31,7 +31,7 @@ if __package__ in (None, ''):
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
 
-import tasks
+from tff_fedrecgel import tasks
 from launch import _data_flags
 from launch import _entry
 from tff_fedrecgel.errors import DataError

@@ -125,7 +125,7 @@ def _datasets():
 
 def test_vectorized_rounds_equal_per_user_rounds_on_filmtrust():
     """Three FilmTrust rounds (122 users each, both radii on): same results."""
-    import tasks
+    from tff_fedrecgel import tasks
     from tff_fedrecgel.simulation import FedRecSimulation
 
     folder = _datasets() / 'filmtrust'

@@ -100,7 +100,7 @@ def test_csv_run(tmp_path):
 
 
 def test_does_not_import_tensorflow():
-    code = ('import sys; import launch.prepare_data, tasks, tff_fedrecgel.data;'
+    code = ('import sys; import launch.prepare_data, tff_fedrecgel.tasks, tff_fedrecgel.data;'
             "print(any(m.split('.')[0] in ('tensorflow',"
             " 'tensorflow_federated') for m in sys.modules))")
     result = subprocess.run([sys.executable, '-c', code], cwd=_REPO,
