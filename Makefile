@@ -3,7 +3,7 @@
 #
 # How the environment is installed (TFF cannot be resolved by pip: its
 # releases pin jaxlib 0.4.14, which is no longer served; see requirements.txt):
-#   1. pip, setuptools and wheel at the versions of constraints.txt;
+#   1. pip, setuptools (pinned here: TensorBoard needs pkg_resources) and wheel;
 #   2. requirements.txt (TFF's dependencies, with a served jax pair) and the
 #      library in editable mode with its `dev` (tests) and `plots` extras,
 #      every package at the version constraints.txt pins;
@@ -17,6 +17,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TFF_VERSION := 0.87.0
 PIP_VERSION := 24.0
+# TensorBoard 2.14 imports pkg_resources, which setuptools 82+ no longer has;
+# 65.5.0 is the one Python 3.11's venv ships (and builds the editable install).
+SETUPTOOLS_VERSION := 65.5.0
 EXTRAS := dev,plots
 PIP_FLAGS := --quiet --disable-pip-version-check
 LOCK_VENV ?= /tmp/tff_fedrecgel_lock_venv
@@ -28,7 +31,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 # $(1): the virtual environment; $(2): extra pip options (the constraints).
 define install_env
 	@test -x $(1)/bin/python || $(PYTHON_BOOT) -m venv $(1)
-	$(1)/bin/python -m pip install $(PIP_FLAGS) $(2) --upgrade pip==$(PIP_VERSION) setuptools wheel
+	$(1)/bin/python -m pip install $(PIP_FLAGS) $(2) --upgrade pip==$(PIP_VERSION) setuptools==$(SETUPTOOLS_VERSION) wheel
 	$(1)/bin/python -m pip install $(PIP_FLAGS) $(2) --no-build-isolation \
 	    -r requirements.txt -e '.[$(EXTRAS)]'
 	$(1)/bin/python -m pip install $(PIP_FLAGS) $(2) --no-deps \
