@@ -1,4 +1,17 @@
-"""Installs the `tff_fedrecgel` library (with `tasks` and `launch`)."""
+"""Installs the `tff_fedrecgel` library.
+
+What gets installed: the `tff_fedrecgel` package and, under its name, the
+dataset registry of the repository's top-level `tasks/` folder as
+`tff_fedrecgel.tasks`. No other top-level name is installed: `launch/` holds
+the command-line entry points, run from a checkout.
+
+Dependencies. TensorFlow Federated 0.87.0 (the last release) pins
+jax==0.4.14 / jaxlib==0.4.14, and jaxlib 0.4.14 is no longer served, so pip
+cannot resolve TFF with its dependencies. TFF is therefore not declared here;
+it is installed with `pip install --no-deps tensorflow-federated==0.87.0`
+after its own dependencies (requirements.txt, with a served jax pair).
+`make venv` does it all, with every version pinned by constraints.txt.
+"""
 
 import setuptools
 
@@ -9,9 +22,26 @@ setuptools.setup(
         'FedRecGEL (sharpness-aware federated recommendation) on '
         'TensorFlow Federated.'
     ),
-    packages=setuptools.find_packages(include=['tff_fedrecgel*', 'tasks*', 'launch*']),
+    packages=setuptools.find_packages(include=['tff_fedrecgel', 'tff_fedrecgel.*'])
+    + ['tff_fedrecgel.tasks'],
+    package_dir={'tff_fedrecgel.tasks': 'tasks'},
     python_requires='>=3.9,<3.12',
-    # Dependencies are pinned in requirements.txt; TFF itself must be installed
-    # with --no-deps (see requirements.txt for why).
-    install_requires=[],
+    # What the library imports itself (TFF: see the module docstring).
+    install_requires=[
+        'absl-py>=1.0,<2',
+        'dp-accounting==0.4.3',
+        'grpcio>=1.46',
+        'numpy>=1.25,<2',
+        'pandas>=2.1,<2.3',
+        'tensorboard>=2.14,<2.15',
+        'tensorflow>=2.14,<2.15',
+        'tensorflow-privacy==0.9.0',
+        'tqdm>=4.64',
+    ],
+    extras_require={
+        # Test tools.
+        'dev': ['pytest>=8', 'pytest-timeout>=2.3'],
+        # launch/report_study.py's figures.
+        'plots': ['matplotlib>=3.8'],
+    },
 )

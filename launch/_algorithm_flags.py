@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from absl import flags
 
-import tasks
 from tff_fedrecgel import methods
+from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError
 
 TASK = flags.DEFINE_enum('task', None, tasks.TASK_NAMES, 'Dataset task.')

@@ -6,7 +6,7 @@ from typing import Any
 
 from absl import flags
 
-import tasks
+from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError
 
 DATA_DIR = flags.DEFINE_string(

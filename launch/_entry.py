@@ -108,6 +108,35 @@ def run_main(main: Callable[[list[str]], Any]) -> None:
     app.run(wrapped, flags_parser=_parse_flags)
 
 
+def tensorboard_command(logdir: os.PathLike | str) -> str:
+    """The shell command that shows ``logdir`` in TensorBoard.
+
+    `tensorboard` is installed in this Python's environment (usually
+    ``.venv``), which is not on PATH outside it: the command names that
+    environment's `tensorboard` script, or runs TensorBoard's module with this
+    Python where the script is missing. Paths inside the current folder are
+    given relative to it.
+
+    Args:
+      logdir: The TensorBoard log folder.
+
+    Returns:
+      The command, e.g. ``.venv/bin/tensorboard --logdir runs/x/tensorboard``.
+    """
+
+    def shown(path: str) -> str:
+        relative = os.path.relpath(path)
+        return relative if not relative.startswith(os.pardir) else path
+
+    script = os.path.join(os.path.dirname(os.path.abspath(sys.executable)),
+                          'tensorboard')
+    if os.access(script, os.X_OK):
+        program = shown(script)
+    else:
+        program = f'{shown(os.path.abspath(sys.executable))} -m tensorboard.main'
+    return f'{program} --logdir {shown(os.path.abspath(logdir))}'
+
+
 def register_tff_shutdown() -> None:
     """Registers (once) an ``atexit`` hook that stops TFF's worker process."""
     global _shutdown_registered

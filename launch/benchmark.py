@@ -2,11 +2,11 @@ r"""Times FedRecGEL rounds and evaluation; prints figures, never asserts them.
 
 Examples (from the repository root)::
 
-    python launch/benchmark.py --task=filmtrust \
+    .venv/bin/python launch/benchmark.py --task=filmtrust \
         --data_dir=/path/to/filmtrust
-    python launch/benchmark.py --task=amazon_video \
+    .venv/bin/python launch/benchmark.py --task=amazon_video \
         --data_dir=/path/to/amazon_video --simulation=per_user --rounds=2
-    python launch/benchmark.py --task=synthetic --num_users=100000 \
+    .venv/bin/python launch/benchmark.py --task=synthetic --num_users=100000 \
         --num_items=20000 --clients_per_round=1000
 
 Runs `--warmup` rounds (tracing, worker start), then times `--rounds` rounds
@@ -35,11 +35,14 @@ _entry.setup_environment()
 
 from absl import flags
 
-import tasks
 from launch import _data_flags
 from tff_fedrecgel import runtime
+from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
+
+# --help lists the shared flags this script uses with its own.
+flags.adopt_module_key_flags(_data_flags)
 
 # Seconds per round of the authors' PyTorch code on this machine, FedRecGEL
 # with the task radii, evaluation every round (SPEC.md, reference figures).

@@ -2,9 +2,10 @@ r"""Exports the TFF computations a FedRecGEL deployment needs.
 
 Examples (from the repository root)::
 
-    python launch/export.py --task=synthetic --output_dir=export/synthetic
-    python launch/export.py --task=filmtrust \
-        --data_dir=../shared/datasets/filmtrust --output_dir=export/filmtrust
+    .venv/bin/python launch/export.py --task=synthetic \
+        --output_dir=export/synthetic
+    .venv/bin/python launch/export.py --task=filmtrust \
+        --data_dir=/path/to/filmtrust --output_dir=export/filmtrust
 
 The task only determines the item count (read from its data; synthetic needs
 none) and the default SAM radii; everything else comes from the flags, with
@@ -40,6 +41,10 @@ from launch import _algorithm_flags as algo
 from launch import _data_flags
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
+
+# --help lists the shared flags this script uses with its own.
+flags.adopt_module_key_flags(algo)
+flags.adopt_module_key_flags(_data_flags)
 
 _OUTPUT_DIR = flags.DEFINE_string(
     'output_dir', None, 'Folder for the exported computations (required).')

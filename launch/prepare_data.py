@@ -2,10 +2,11 @@ r"""Builds (or reuses) the leave-one-out split files of a dataset.
 
 Examples (from the repository root)::
 
-    python launch/prepare_data.py --task=filmtrust \
+    .venv/bin/python launch/prepare_data.py --task=filmtrust \
         --data_dir=/path/to/filmtrust --output_dir=/tmp/ft
-    python -m launch.prepare_data --task=synthetic --output_dir=/tmp/syn
-    python launch/prepare_data.py --task=csv --data_dir=my_log.tsv \
+    .venv/bin/python -m launch.prepare_data --task=synthetic \
+        --output_dir=/tmp/syn
+    .venv/bin/python launch/prepare_data.py --task=csv --data_dir=my_log.tsv \
         --csv_sep=tab --csv_user_col=uid --csv_item_col=iid \
         --csv_timestamp_col=ts --output_dir=/tmp/mine
 
@@ -31,11 +32,14 @@ if __package__ in (None, ''):
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
 
-import tasks
 from launch import _data_flags
 from launch import _entry
+from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
+
+# --help lists the shared flags this script uses with its own.
+flags.adopt_module_key_flags(_data_flags)
 
 _TASK = flags.DEFINE_string(
     'task', None, f'Dataset task: one of {", ".join(tasks.TASK_NAMES)}.')

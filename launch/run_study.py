@@ -2,9 +2,13 @@ r"""Runs the reproduction study (docs/RESULTS.md), resumably.
 
 Example (from the repository root)::
 
-    python launch/run_study.py --datasets_dir=../shared/datasets \
+    .venv/bin/python launch/run_study.py --datasets_dir=/path/to/datasets \
         --root_output_dir=runs/study --parallel=2
-    python launch/run_study.py --list        # the plan and what is done
+    .venv/bin/python launch/run_study.py --list   # the plan and what is done
+
+/path/to/datasets holds one folder per dataset, named as the tasks are
+(filmtrust/, lastfm_2k/, amazon_video/), each with its raw file
+(docs/DATA.md).
 
 Each run is `launch/train.py` in its own process, writing to
 <root_output_dir>/<dataset>/<run>/ with its log beside it (<run>.log). A run
@@ -40,8 +44,9 @@ from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _DATASETS_DIR = flags.DEFINE_string(
-    'datasets_dir', '../shared/datasets',
-    'Folder holding filmtrust/, lastfm_2k/ and amazon_video/.')
+    'datasets_dir', None,
+    'Folder holding filmtrust/, lastfm_2k/ and amazon_video/ (required, '
+    'except with --list).')
 _ROOT = flags.DEFINE_string('root_output_dir', 'runs/study', 'Study output root.')
 _PARALLEL = flags.DEFINE_integer(
     'parallel', 1, 'Runs at once (each uses about 2 cores at full speed).')
@@ -99,17 +104,23 @@ def _run_one(run: study.Run, root: pathlib.Path, datasets_dir: pathlib.Path) -> 
 def main(argv: list[str]) -> int:
     del argv
     root = pathlib.Path(_ROOT.value)
-    datasets_dir = pathlib.Path(_DATASETS_DIR.value).resolve()
+    datasets_dir = (pathlib.Path(_DATASETS_DIR.value).resolve()
+                    if _DATASETS_DIR.value else None)
     runs = _plan()
     todo = [run for run in runs if not study.is_finished(root, run)]
     if _LIST.value:
         for run in runs:
+            data_dir = (f'<datasets_dir>/{run.dataset}' if datasets_dir is None
+                        else str(datasets_dir / run.dataset))
             print(f'{"done" if run not in todo else "todo"}  {run.name}  '
-                  f'{" ".join(run.flags(str(datasets_dir / run.dataset)))}')
+                  f'{" ".join(run.flags(data_dir))}')
         print(f'{len(runs) - len(todo)} of {len(runs)} runs done')
         return 0
     if _PARALLEL.value < 1:
         raise ValueError('--parallel must be >= 1')
+    if datasets_dir is None:
+        raise DataError('--datasets_dir is required: the folder holding '
+                        f'{", ".join(d + "/" for d in study.DATASETS)}')
     missing = sorted({run.dataset for run in todo}
                      - {d for d in study.DATASETS if (datasets_dir / d).is_dir()})
     if missing:

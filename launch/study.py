@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-import tasks
+from tff_fedrecgel import tasks
 from tff_fedrecgel import methods as methods_lib
 
 DATASETS = ('filmtrust', 'lastfm_2k', 'amazon_video')

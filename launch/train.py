@@ -2,14 +2,16 @@ r"""Trains FedRecGEL (or a baseline) in TFF simulation.
 
 Examples (from the repository root)::
 
-    python launch/train.py --task=synthetic
-    python launch/train.py --task=filmtrust \
-        --data_dir=../shared/datasets/filmtrust
-    python launch/train.py --task=filmtrust \
-        --data_dir=../shared/datasets/filmtrust --algorithm=fedncf --seed=1
-    python launch/train.py --task=filmtrust \
-        --data_dir=../shared/datasets/filmtrust \
+    .venv/bin/python launch/train.py --task=synthetic
+    .venv/bin/python launch/train.py --task=filmtrust \
+        --data_dir=/path/to/filmtrust
+    .venv/bin/python launch/train.py --task=filmtrust \
+        --data_dir=/path/to/filmtrust --algorithm=fedncf --seed=1
+    .venv/bin/python launch/train.py --task=filmtrust \
+        --data_dir=/path/to/filmtrust \
         --workers=$(launch/start_workers.sh 2)   # docs/WORKERS.md
+
+docs/DATA.md says where to download each dataset's raw file.
 
 Each task supplies the paper's settings for its dataset (SAM radii, 100
 rounds, client fraction 0.1); flags override them. Outputs go to
@@ -41,6 +43,10 @@ from absl import logging
 from launch import _algorithm_flags as algo
 from launch import _data_flags
 # pylint: enable=g-import-not-at-top,wrong-import-position
+
+# --help lists the shared flags this script uses with its own.
+flags.adopt_module_key_flags(algo)
+flags.adopt_module_key_flags(_data_flags)
 
 _ROOT_OUTPUT_DIR = flags.DEFINE_string(
     'root_output_dir', 'runs', 'Root folder of all experiments.')
@@ -228,7 +234,8 @@ def main(argv: list[str]) -> int:
           f'{"vectorized" if vectorized else "one user per TFF client"}',
           flush=True)
     print(f'outputs: {paths.root}', flush=True)
-    print(f'view the curves: tensorboard --logdir {paths.tensorboard}', flush=True)
+    print(f'view the curves: {_entry.tensorboard_command(paths.tensorboard)}',
+          flush=True)
 
     start = time.perf_counter()
     aggregator, privacy_report = privacy.build(clients_per_round=clients,

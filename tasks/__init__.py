@@ -1,20 +1,22 @@
 """Registry of the datasets ("tasks") FedRecGEL runs on.
 
+The folder `tasks/` is installed as `tff_fedrecgel.tasks` (see setup.py).
+
 Example::
 
-    import tasks
+    from tff_fedrecgel import tasks
     task = tasks.get_task('filmtrust')
-    split = task.load_split(data_dir='../shared/datasets/filmtrust')
+    split = task.load_split(data_dir='/path/to/filmtrust')
 """
 
-from tasks import amazon_video
-from tasks import csv_data
-from tasks import filmtrust
-from tasks import lastfm_2k
-from tasks import qb_article
-from tasks import synthetic
-from tasks.base import PreparedSplit
-from tasks.base import Task
+from tff_fedrecgel.tasks import amazon_video
+from tff_fedrecgel.tasks import csv_data
+from tff_fedrecgel.tasks import filmtrust
+from tff_fedrecgel.tasks import lastfm_2k
+from tff_fedrecgel.tasks import qb_article
+from tff_fedrecgel.tasks import synthetic
+from tff_fedrecgel.tasks.base import PreparedSplit
+from tff_fedrecgel.tasks.base import Task
 from tff_fedrecgel.errors import DataError
 
 TASK_NAMES = ('filmtrust', 'lastfm_2k', 'amazon_video', 'qb_article', 'csv',

@@ -1,6 +1,6 @@
 """Amazon Instant Video (McAuley et al.): ratings-only subset of PFedRec."""
 
-from tasks.base import Task
+from tff_fedrecgel.tasks.base import Task
 from tff_fedrecgel.data import loaders
 
 # The reference preprocessing fixes the item count.

@@ -4,7 +4,7 @@ Named ``csv_data`` (task name ``csv``) so that it never shadows the standard
 library's ``csv`` module.
 """
 
-from tasks.base import Task
+from tff_fedrecgel.tasks.base import Task
 from tff_fedrecgel.data import loaders
 
 # `data_dir` may be the file itself or a folder holding this file.

@@ -1,6 +1,6 @@
 """FilmTrust (Guo et al., IJCAI 2013): explicit ratings used as positives."""
 
-from tasks.base import Task
+from tff_fedrecgel.tasks.base import Task
 from tff_fedrecgel.data import loaders
 
 TASK = Task(

@@ -1,6 +1,6 @@
 """LastFM-2K (HetRec 2011): user-artist tag assignments with dates."""
 
-from tasks.base import Task
+from tff_fedrecgel.tasks.base import Task
 from tff_fedrecgel.data import loaders
 
 TASK = Task(

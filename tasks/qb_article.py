@@ -1,6 +1,6 @@
 """QB-article (Tenrec, NeurIPS 2022): article clicks without timestamps."""
 
-from tasks.base import Task
+from tff_fedrecgel.tasks.base import Task
 from tff_fedrecgel.data import loaders
 
 TASK = Task(

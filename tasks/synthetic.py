@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from tasks.base import Task
+from tff_fedrecgel.tasks.base import Task
 from tff_fedrecgel.data import synthetic
 
 TASK = Task(

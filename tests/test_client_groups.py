@@ -134,7 +134,7 @@ def _datasets():
 
 def test_vectorized_rounds_equal_per_user_rounds_on_filmtrust():
     """Three FilmTrust rounds (122 users each, both radii on): same results."""
-    import tasks
+    from tff_fedrecgel import tasks
     from tff_fedrecgel import simulation as simulation_lib
 
     folder = _datasets() / 'filmtrust'

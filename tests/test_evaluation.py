@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import tasks
+from tff_fedrecgel import tasks
 from tff_fedrecgel import evaluation
 from tff_fedrecgel import ranking
 from tff_fedrecgel.algorithms import client_update

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import tasks
+from tff_fedrecgel import tasks
 from tff_fedrecgel import export
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.data import client_data

@@ -5,7 +5,7 @@ import collections
 import numpy as np
 import pytest
 
-import tasks
+from tff_fedrecgel import tasks
 from tff_fedrecgel import ranking
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.algorithms import fedrecgel

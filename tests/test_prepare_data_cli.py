@@ -61,7 +61,8 @@ def test_filmtrust_statistics_and_cache(tmp_path):
         'train_interactions': 33662, 'test_users': 1227}
     assert first['cached'] is False and first['valid_users'] == 0
     assert first['output_dir'] == str(out)
-    assert sorted(os.listdir(out)) == ['meta.json', 'test.csv', 'train.csv']
+    assert sorted(os.listdir(out)) == ['items.csv', 'meta.json', 'test.csv',
+                                       'train.csv', 'users.csv']
     second = _last_json(_run('--task=filmtrust',
                              f'--data_dir={FILMTRUST_DIR}',
                              f'--output_dir={out}', module=True))
@@ -100,7 +101,7 @@ def test_csv_run(tmp_path):
 
 
 def test_does_not_import_tensorflow():
-    code = ('import sys; import launch.prepare_data, tasks, tff_fedrecgel.data;'
+    code = ('import sys; import launch.prepare_data, tff_fedrecgel.tasks, tff_fedrecgel.data;'
             "print(any(m.split('.')[0] in ('tensorflow',"
             " 'tensorflow_federated') for m in sys.modules))")
     result = subprocess.run([sys.executable, '-c', code], cwd=_REPO,

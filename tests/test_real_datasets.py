@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import tasks
+from tff_fedrecgel import tasks
 from tff_fedrecgel.data import client_data
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-import tasks
+from tff_fedrecgel import tasks
 from tff_fedrecgel import evaluation
 from tff_fedrecgel import simulation
 from tff_fedrecgel.algorithms import client_update

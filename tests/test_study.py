@@ -203,6 +203,8 @@ def test_runner_lists_and_refuses_bad_flags(tmp_path):
     done = _script('run_study.py', f'--root_output_dir={tmp_path}',
                    f'--datasets_dir={tmp_path / "nowhere"}')
     assert done.returncode == 2 and 'no data folder' in done.stderr
+    done = _script('run_study.py', f'--root_output_dir={tmp_path}')
+    assert done.returncode == 2 and '--datasets_dir is required' in done.stderr
 
 
 def test_runner_skips_a_run_another_runner_holds(tmp_path):

@@ -106,7 +106,7 @@ def test_outputs_and_summary_line(reference_run):
     rows = _metrics_rows(folder / 'metrics.csv')
     assert [int(r['round']) for r in rows] == [1, 2, 3, 4, 5, 6]
     assert all(float(r['train/clients']) == 8 for r in rows)
-    assert (folder / 'tensorboard' / 'projector' / 'projector_config.pbtxt').exists()
+    assert (folder / 'tensorboard' / 'projector_config.pbtxt').exists()
 
 
 def test_tensorboard_scalars_have_every_round(reference_run):

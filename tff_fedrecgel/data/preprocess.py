@@ -50,6 +50,12 @@ class Split:
       test_negatives: int32 [num_users, K] each user's test negatives.
       valid_items: int32 [num_users] validation items, or None.
       valid_negatives: int32 [num_users, K] validation negatives, or None.
+      user_ids: [num_users] the original id of every user index (int64, or
+        str objects), or None when unknown.
+      item_ids: The original id of every item index (int64, or str objects),
+        or None when unknown. It may be shorter than ``num_items`` when the
+        item count is fixed (Amazon-Video): the indices past its end were
+        never seen in the data and have no original id.
     """
 
     num_users: int
@@ -61,6 +67,8 @@ class Split:
     test_negatives: np.ndarray
     valid_items: np.ndarray | None = None
     valid_negatives: np.ndarray | None = None
+    user_ids: np.ndarray | None = None
+    item_ids: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         # Fail early on inconsistent arrays (e.g. a hand-built or cached split).
@@ -86,6 +94,15 @@ class Split:
             bound = u if name == 'train_users' else i
             if array.size and (array.min() < 0 or array.max() >= bound):
                 raise DataError(f'split: {name} out of range')
+        for name, limit in (('user_ids', u), ('item_ids', i)):
+            ids = getattr(self, name)
+            if ids is None:
+                continue
+            if ids.ndim != 1 or ids.dtype not in (np.int64, object):
+                raise DataError(f'split: {name} must be int64 or str [n]')
+            if len(ids) > limit or (name == 'user_ids' and len(ids) != u):
+                raise DataError(f'split: {name} has {len(ids)} entries for '
+                                f'{limit} indices')
 
     @property
     def has_validation(self) -> bool:
@@ -167,6 +184,21 @@ def filter_users(raw: pd.DataFrame, *,
     """
     counts = raw.groupby('user', sort=False)['user'].transform('size')
     return raw[counts.to_numpy() >= min_interactions].reset_index(drop=True)
+
+
+def original_ids(uniques: np.ndarray) -> np.ndarray:
+    """The id map of a split: integer ids as int64, any other id as str.
+
+    Args:
+      uniques: The sorted original ids of `reindex`.
+
+    Returns:
+      int64 [n], or an object array of str [n].
+    """
+    uniques = np.asarray(uniques)
+    if uniques.dtype.kind in 'iu':
+        return uniques.astype(np.int64)
+    return np.array([str(v) for v in uniques], dtype=object)
 
 
 def reindex(values: np.ndarray, *, source: str, what: str,
@@ -345,7 +377,8 @@ def build_split(raw: pd.DataFrame, *, validation: bool = False,
     if kept.empty:
         raise DataError(
             f'{source}: no user has at least {min_interactions} interactions')
-    users, _ = reindex(kept['user'].to_numpy(), source=source, what='user')
+    users, user_ids = reindex(kept['user'].to_numpy(), source=source,
+                              what='user')
     items, item_ids = reindex(kept['item'].to_numpy(), source=source,
                               what='item')
     num_users = int(users.max()) + 1
@@ -383,4 +416,6 @@ def build_split(raw: pd.DataFrame, *, validation: bool = False,
         test_negatives=test_negatives,
         valid_items=valid_items,
         valid_negatives=valid_negatives,
+        user_ids=original_ids(user_ids),
+        item_ids=original_ids(item_ids),
     )

@@ -8,8 +8,13 @@ Layout of an output folder:
   user order; ``item`` is the held-out test item.
 - ``valid.csv``: same format for the validation hold-out (only with
   validation).
+- ``users.csv``: header ``user,original_id``; the original id of every user
+  index, in index order.
+- ``items.csv``: header ``item,original_id``; the same for the items (items
+  past the last row were never seen in the data; Amazon-Video's fixed count).
 - ``meta.json``: format version, the cache key (dataset, options, fingerprint
-  of the raw input), statistics and the SHA-1 of every split file.
+  of the raw input), statistics, the type of the original ids (``int`` or
+  ``str``) and the SHA-1 of every split file.
 
 ``meta.json`` is written last and removed first, so an interrupted write never
 looks like a valid cache.
@@ -33,11 +38,16 @@ from tff_fedrecgel.errors import DataError
 
 PathLike = Union[str, os.PathLike]
 
-FORMAT_VERSION = 1
+# 2: the id maps (users.csv, items.csv).
+FORMAT_VERSION = 2
 TRAIN_FILE = 'train.csv'
 TEST_FILE = 'test.csv'
 VALID_FILE = 'valid.csv'
+USERS_FILE = 'users.csv'
+ITEMS_FILE = 'items.csv'
 META_FILE = 'meta.json'
+# Id map files: (file, index column, Split field).
+_ID_MAPS = ((USERS_FILE, 'user', 'user_ids'), (ITEMS_FILE, 'item', 'item_ids'))
 
 _logger = logging.getLogger(__name__)
 
@@ -86,6 +96,34 @@ def _csv_bytes(columns: list[str], data: np.ndarray) -> bytes:
     return buffer.getvalue().encode('ascii')
 
 
+def _id_type(ids: np.ndarray) -> str:
+    return 'int' if ids.dtype == np.int64 else 'str'
+
+
+def _id_map_bytes(column: str, ids: np.ndarray) -> bytes:
+    buffer = io.StringIO()
+    pd.DataFrame({column: np.arange(len(ids)), 'original_id': ids}).to_csv(
+        buffer, index=False)
+    return buffer.getvalue().encode('utf-8')
+
+
+def _read_id_map(path: str, data: bytes, column: str, id_type: str,
+                 rows: int | None) -> np.ndarray:
+    frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False,
+                        encoding='utf-8')
+    if list(frame.columns) != [column, 'original_id']:
+        raise DataError(f'{path}: unexpected header')
+    if rows is not None and len(frame) != rows:
+        raise DataError(f'{path}: expected {rows} rows, found {len(frame)}')
+    if not np.array_equal(frame[column].astype(np.int64), np.arange(len(frame))):
+        raise DataError(f'{path}: {column}s out of order')
+    if id_type == 'int':
+        return frame['original_id'].astype(np.int64).to_numpy()
+    if id_type == 'str':
+        return frame['original_id'].to_numpy(dtype=object)
+    raise DataError(f'{path}: unknown id type {id_type!r} in meta.json')
+
+
 def _split_file_bytes(split: Split) -> dict[str, bytes]:
     users = np.arange(split.num_users, dtype=np.int32)
     files = {
@@ -100,6 +138,10 @@ def _split_file_bytes(split: Split) -> dict[str, bytes]:
         files[VALID_FILE] = _csv_bytes(
             _heldout_header(split.valid_negatives.shape[1]),
             np.column_stack([users, split.valid_items, split.valid_negatives]))
+    for name, column, field in _ID_MAPS:
+        ids = getattr(split, field)
+        if ids is not None:
+            files[name] = _id_map_bytes(column, ids)
     return files
 
 
@@ -154,8 +196,9 @@ def write_split(split: Split, output_dir: PathLike, *,
     meta_path = os.path.join(output_dir, META_FILE)
     _remove(meta_path)  # Invalidate first: a crash below leaves no cache.
     files = _split_file_bytes(split)
-    if VALID_FILE not in files:
-        _remove(os.path.join(output_dir, VALID_FILE))
+    for name in (VALID_FILE, USERS_FILE, ITEMS_FILE):
+        if name not in files:
+            _remove(os.path.join(output_dir, name))
     for name, data in files.items():
         _write_atomic(os.path.join(output_dir, name), data)
     meta = {
@@ -164,6 +207,9 @@ def write_split(split: Split, output_dir: PathLike, *,
         'statistics': split.summary(),
         'num_items': int(split.num_items),
         'num_negatives': int(split.test_negatives.shape[1]),
+        'id_types': {field: _id_type(getattr(split, field))
+                     for _, _, field in _ID_MAPS
+                     if getattr(split, field) is not None},
         'files': {name: hashlib.sha1(data).hexdigest()
                   for name, data in files.items()},
     }
@@ -252,6 +298,15 @@ def read_split(output_dir: PathLike) -> tuple[Split, dict[str, Any]]:
                     raise DataError(f'{path}: users out of order')
         if (VALID_FILE in arrays) != (int(stats['valid_users']) > 0):
             raise DataError(f'{output_dir}: validation files do not match')
+        id_maps = {}
+        for name, column, field in _ID_MAPS:
+            if name not in hashes:
+                continue
+            path = os.path.join(output_dir, name)
+            id_maps[field] = _read_id_map(
+                path, _read_verified(path, hashes[name]), column,
+                meta['id_types'][field],
+                num_users if field == 'user_ids' else None)
         train, test = arrays[TRAIN_FILE], arrays[TEST_FILE]
         valid = arrays.get(VALID_FILE)
         split = Split(
@@ -265,6 +320,7 @@ def read_split(output_dir: PathLike) -> tuple[Split, dict[str, Any]]:
             valid_items=None if valid is None else valid[:, 1].astype(np.int32),
             valid_negatives=None if valid is None else np.ascontiguousarray(
                 valid[:, 2:], dtype=np.int32),
+            **id_maps,
         )
     except DataError:
         raise

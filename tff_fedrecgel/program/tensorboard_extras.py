@@ -1,12 +1,22 @@
 """TensorBoard's hparams dashboard and the item-embedding projector.
 
 Scalars go through TFF's TensorBoardReleaseManager; these two plugins need
-their own summaries, written with TensorBoard's plugin APIs.
+their own files, written with TensorBoard's plugin APIs. Everything lands in
+the one log folder the scalars use, so `tensorboard --logdir <that folder>`
+shows every plugin:
+
+- hparams: `hparams_config` (the declared metrics and settings, key settings
+  first) and the session (this run's settings, named by the experiment) in one
+  event file, ``*.hparams.v2``, replaced whenever a run starts or resumes
+  (TensorBoard keeps the first summary it reads for a tag, so an updated
+  session needs a new file, not another event);
+- projector: ``projector_config.pbtxt`` at the top of the folder, its tables
+  and labels in ``projector/`` as TSV files, so that no checkpoint is needed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 import os
 import pathlib
 from typing import Any
@@ -16,45 +26,151 @@ import tensorflow as tf
 from tensorboard.plugins import projector
 from tensorboard.plugins.hparams import api as hparams_api
 
+from tff_fedrecgel.data.preprocess import Split
 
-def _hparam_value(value: Any):
-    if isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
-
-
-def write_hparams(log_dir: os.PathLike | str, hparams: Mapping[str, Any]) -> None:
-    """Records the run's settings for TensorBoard's hparams dashboard."""
-    if not hparams:
-        return
-    writer = tf.summary.create_file_writer(str(pathlib.Path(log_dir)))
-    with writer.as_default():
-        hparams_api.hparams({k: _hparam_value(v) for k, v in hparams.items()})
-    writer.close()
+# The hparams dashboard of TensorBoard 2.14 shows the first five settings of
+# the declared list by default (the others are a click away).
+KEY_HPARAMS = ('task', 'algorithm', 'seed', 'rho_sh', 'rho_ns', 'server_lr',
+               'local_lr', 'total_rounds', 'client_fraction', 'validation')
+HPARAMS_SUFFIX = '.hparams.v2'
+PROJECTOR_DIR = 'projector'
+ITEMS_FILE = 'items.tsv'
 
 
-def write_item_projector(log_dir: os.PathLike | str, simulation) -> None:
-    """Saves the GMF item embeddings for TensorBoard's projector.
+def metric_display_name(tag: str) -> str:
+    """'test/hr@10' -> 'test HR@10'."""
+    split, _, name = tag.partition('/')
+    metric, at, k = name.partition('@')
+    metric = metric.upper() if at else metric
+    return f'{split} {metric}{at}{k}'
+
+
+def _hparam(name: str, value: Any) -> hparams_api.HParam:
+    """Declares a setting with a domain of its type.
+
+    Strings get no domain: a discrete domain would hide, in a folder of
+    several runs, every run whose value it does not list.
+    """
+    if isinstance(value, bool):
+        return hparams_api.HParam(name, hparams_api.Discrete([False, True]))
+    if isinstance(value, int):
+        return hparams_api.HParam(name, hparams_api.IntInterval(value, value))
+    if isinstance(value, float):
+        return hparams_api.HParam(name, hparams_api.RealInterval(value, value))
+    return hparams_api.HParam(name)
+
+
+def session_hparams(hparams: Mapping[str, Any],
+                    key_hparams: Sequence[str] = KEY_HPARAMS) -> dict[str, Any]:
+    """The settings as the dashboard gets them, key settings first.
+
+    Unset settings (None) are left out rather than shown as "None"; values
+    that are not bool, int, float or str become their text.
 
     Args:
-      log_dir: The TensorBoard folder.
-      simulation: A `Simulation` with a current model.
+      hparams: Every setting of the run.
+      key_hparams: Settings to put first, in this order.
+
+    Returns:
+      An ordered dict of bool, int, float and str values.
+    """
+    ordered = [k for k in key_hparams if k in hparams]
+    ordered += sorted(k for k in hparams if k not in key_hparams)
+    result = {}
+    for name in ordered:
+        value = hparams[name]
+        if value is None:
+            continue
+        if isinstance(value, (np.generic,)):
+            value = value.item()
+        if not isinstance(value, (bool, int, float, str)):
+            value = str(value)
+        result[name] = value
+    return result
+
+
+def write_hparams(log_dir: os.PathLike | str, *, hparams: Mapping[str, Any],
+                  trial_id: str, metric_tags: Sequence[str],
+                  key_hparams: Sequence[str] = KEY_HPARAMS) -> pathlib.Path:
+    """Writes (or rewrites) the run's hparams for TensorBoard's dashboard.
+
+    Call it whenever a run starts or resumes: the previous hparams file of the
+    folder is replaced, so the dashboard shows the current settings.
+
+    Args:
+      log_dir: The TensorBoard folder of the run (where its scalars are).
+      hparams: Every setting of the run; None values are left out.
+      trial_id: The session's name in the dashboard (the experiment name).
+      metric_tags: Scalar tags the run writes, shown as the dashboard's
+        metrics (their latest values), e.g. ``test/hr@10``.
+      key_hparams: Settings to list first; the dashboard shows the first five.
+
+    Returns:
+      The event file written.
     """
     log_dir = pathlib.Path(log_dir)
-    projector_dir = log_dir / 'projector'
-    projector_dir.mkdir(parents=True, exist_ok=True)
-    item_gmf = simulation.global_weights[0]
-    train_data = simulation.train_data
-    popularity = np.bincount(train_data.items, minlength=train_data.num_items)
-    (projector_dir / 'items.tsv').write_text(
-        'item\ttrain_users\n'
-        + ''.join(f'{i}\t{int(c)}\n' for i, c in enumerate(popularity))
-    )
-    embedding = tf.Variable(item_gmf, name='item_gmf_embedding')
-    checkpoint = tf.train.Checkpoint(embedding=embedding)
-    checkpoint.save(str(projector_dir / 'embedding.ckpt'))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for old in log_dir.glob(f'events.out.tfevents.*{HPARAMS_SUFFIX}'):
+        old.unlink()
+    values = session_hparams(hparams, key_hparams)
+    writer = tf.summary.create_file_writer(str(log_dir),
+                                           filename_suffix=HPARAMS_SUFFIX)
+    with writer.as_default():
+        hparams_api.hparams_config(
+            hparams=[_hparam(name, value) for name, value in values.items()],
+            metrics=[hparams_api.Metric(tag, display_name=metric_display_name(tag))
+                     for tag in metric_tags])
+        hparams_api.hparams(values, trial_id=trial_id)
+    writer.close()
+    (written,) = log_dir.glob(f'events.out.tfevents.*{HPARAMS_SUFFIX}')
+    return written
+
+
+def _label(value: Any) -> str:
+    # TSV cells: no tabs or line breaks.
+    return ' '.join(str(value).split()) or '""'
+
+
+def write_item_projector(log_dir: os.PathLike | str, *,
+                         item_tables: Mapping[str, np.ndarray],
+                         split: Split) -> None:
+    """Writes item embedding tables for TensorBoard's projector.
+
+    Each item is labelled by its original id (`split.item_ids`; an index past
+    the map, never seen in the data, by ``#<index>``), with its index and its
+    number of training users as further columns.
+
+    Args:
+      log_dir: The TensorBoard folder of the run (where its scalars are).
+      item_tables: Name -> float [num_items, dim] table, e.g. ``item_gmf``.
+      split: The run's data (labels and popularity).
+
+    Raises:
+      ValueError: If a table does not have one row per item.
+    """
+    log_dir = pathlib.Path(log_dir)
+    assets = log_dir / PROJECTOR_DIR
+    assets.mkdir(parents=True, exist_ok=True)
+    num_items = split.num_items
+    pairs = np.unique(split.train_users.astype(np.int64) * num_items
+                      + split.train_items)
+    popularity = np.bincount(pairs % num_items, minlength=num_items)
+    ids = [] if split.item_ids is None else split.item_ids.tolist()
+    rows = ['item\tindex\ttrain_users']
+    for index in range(num_items):
+        label = _label(ids[index]) if index < len(ids) else f'#{index}'
+        rows.append(f'{label}\t{index}\t{int(popularity[index])}')
+    (assets / ITEMS_FILE).write_text('\n'.join(rows) + '\n', encoding='utf-8')
+
     config = projector.ProjectorConfig()
-    entry = config.embeddings.add()
-    entry.tensor_name = 'embedding/.ATTRIBUTES/VARIABLE_VALUE'
-    entry.metadata_path = 'items.tsv'
-    projector.visualize_embeddings(str(projector_dir), config)
+    for name, table in item_tables.items():
+        table = np.asarray(table, dtype=np.float32)
+        if table.ndim != 2 or table.shape[0] != num_items:
+            raise ValueError(f'{name}: expected [{num_items}, dim], got {table.shape}')
+        np.savetxt(assets / f'{name}.tsv', table, fmt='%.6g', delimiter='\t')
+        entry = config.embeddings.add()
+        entry.tensor_name = name
+        entry.tensor_path = f'{PROJECTOR_DIR}/{name}.tsv'
+        entry.tensor_shape.extend(table.shape)
+        entry.metadata_path = f'{PROJECTOR_DIR}/{ITEMS_FILE}'
+    projector.visualize_embeddings(str(log_dir), config)

@@ -23,6 +23,7 @@ import tqdm
 
 from tff_fedrecgel import ranking
 from tff_fedrecgel import runtime
+from tff_fedrecgel.models import neumf
 from tff_fedrecgel.program import tensorboard_extras
 from tff_fedrecgel.program.outputs import ExperimentPaths
 from tff_fedrecgel.simulation import Simulation
@@ -165,8 +166,10 @@ def _run(simulation, loop, paths, total_rounds, rounds_per_eval,
         str(paths.metrics_csv), key_fieldname='round'
     )
     tb_manager = tff.program.TensorBoardReleaseManager(str(paths.tensorboard))
-    if simulation.round_num == 0:
-        tensorboard_extras.write_hparams(paths.tensorboard, hparams)
+    # Written again on a resume, so the dashboard shows the current settings.
+    tensorboard_extras.write_hparams(
+        paths.tensorboard, hparams=hparams, trial_id=paths.root.name,
+        metric_tags=_dashboard_metrics(validation))
 
     start_round = simulation.round_num + 1
     bar = tqdm.tqdm(
@@ -222,7 +225,12 @@ def _run(simulation, loop, paths, total_rounds, rounds_per_eval,
     if test_metrics is None and simulation.round_num > 0:
         # Resumed at or past total_rounds: report the current model.
         test_metrics = simulation.evaluate('test')
-    tensorboard_extras.write_item_projector(paths.tensorboard, simulation)
+    item_gmf, item_mlp, _, _ = neumf.split_global_weights(
+        simulation.model_config, simulation.global_weights)
+    tensorboard_extras.write_item_projector(
+        paths.tensorboard, split=simulation.split,
+        item_tables={'item_gmf': item_gmf} if item_mlp is None else {
+            'item_gmf': item_gmf, 'item_mlp': item_mlp})
     summary = _summary(
         simulation, best_test, best_valid, validation, test_metrics,
         train_seconds, eval_seconds,
@@ -231,6 +239,12 @@ def _run(simulation, loop, paths, total_rounds, rounds_per_eval,
         summary.update(extra_summary(simulation.round_num))
     paths.summary.write_text(json.dumps(summary, indent=2) + '\n')
     return summary
+
+
+def _dashboard_metrics(validation: bool) -> list[str]:
+    """Scalar tags the hparams dashboard shows: HR@10, NDCG@10, the loss."""
+    splits = ('test', 'valid') if validation else ('test',)
+    return [f'{s}/{m}@10' for s in splits for m in ('hr', 'ndcg')] + ['train/loss']
 
 
 def _best_fields(prefix: str, best) -> dict[str, Any]:

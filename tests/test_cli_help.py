@@ -1,0 +1,108 @@
+"""`--help` of every entry point in launch/: its own flags and the shared ones."""
+
+import ast
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LAUNCH = REPO / 'launch'
+SHARED_FLAG_MODULES = ('_algorithm_flags', '_data_flags')
+
+
+def _absl_entry_points() -> list[str]:
+    """Scripts in launch/ that define absl flags and run as programs."""
+    names = []
+    for path in sorted(LAUNCH.glob('*.py')):
+        text = path.read_text()
+        if (not path.name.startswith('_') and '__main__' in text
+                and 'flags.DEFINE_' in text):
+            names.append(path.stem)
+    return names
+
+
+def _defined_flags(path: pathlib.Path) -> set[str]:
+    """Names of the absl flags a module defines (`flags.DEFINE_*('name', ...)`)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr.startswith('DEFINE_') and node.args
+                and isinstance(node.args[0], ast.Constant)):
+            names.add(node.args[0].value)
+    return names
+
+
+def _shared_modules_used(path: pathlib.Path) -> set[str]:
+    used = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == 'launch':
+            used |= {a.name for a in node.names if a.name in SHARED_FLAG_MODULES}
+    return used
+
+
+def _help(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(LAUNCH / f'{script}.py'), '--help'], cwd=REPO,
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'})
+
+
+def _listed_flags(text: str) -> set[str]:
+    return set(re.findall(r'^  --(?:\[no\])?(\w+):', text, flags=re.MULTILINE))
+
+
+def test_entry_points_are_found():
+    assert {'train', 'prepare_data', 'export', 'benchmark'} <= set(
+        _absl_entry_points())
+
+
+@pytest.mark.parametrize('script', _absl_entry_points())
+def test_help_lists_own_and_shared_flags_only(script):
+    path = LAUNCH / f'{script}.py'
+    expected = _defined_flags(path)
+    for module in _shared_modules_used(path):
+        expected |= _defined_flags(LAUNCH / f'{module}.py')
+    result = _help(script)
+    assert result.returncode == 1, result.stderr  # absl's exit status for --help.
+    # Equal sets: nothing missing, and none of TensorFlow's or absl's own.
+    assert _listed_flags(result.stdout) == expected
+    # One section, the script's: no module of TensorFlow, TFF or absl.
+    flag_part = result.stdout.split('\nflags:\n', 1)[1]
+    sections = re.findall(r'^(\S.*):$', flag_part, flags=re.MULTILINE)
+    assert sections == [str(path)] or sections == [f'launch/{script}.py']
+    assert '../shared' not in result.stdout
+
+
+def test_train_help_names_the_key_settings():
+    listed = _listed_flags(_help('train').stdout)
+    assert listed >= {'task', 'data_dir', 'algorithm', 'rho_sh', 'rho_ns',
+                      'seed', 'validation', 'total_rounds'}
+
+
+def test_no_entry_point_text_points_at_the_shared_folder():
+    offenders = [p.name for p in LAUNCH.glob('*') if p.is_file()
+                 and '../shared' in p.read_text()]
+    assert not offenders
+
+
+def test_tensorboard_command_names_this_environment(tmp_path, monkeypatch):
+    sys.path.insert(0, str(REPO))
+    from launch import _entry  # pylint: disable=g-import-not-at-top
+
+    monkeypatch.chdir(tmp_path)
+    command = _entry.tensorboard_command(tmp_path / 'run' / 'tensorboard')
+    program, logdir = command.split(' --logdir ')
+    assert logdir == os.path.join('run', 'tensorboard')
+    bin_dir = os.path.dirname(os.path.abspath(sys.executable))
+    if os.access(os.path.join(bin_dir, 'tensorboard'), os.X_OK):
+        assert program == os.path.join(bin_dir, 'tensorboard')
+    else:
+        assert program == f'{os.path.abspath(sys.executable)} -m tensorboard.main'
+    # The command runs: it is TensorBoard's own --help.
+    result = subprocess.run(program.split() + ['--help'], capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0 and '--logdir' in result.stdout
