@@ -8,6 +8,20 @@ Examples (from the repository root)::
         --data_dir=../shared/datasets/amazon_video --path=per_user --rounds=2
     python launch/benchmark.py --dataset=synthetic --num_users=100000 \
         --num_items=20000 --clients_per_round=1000
+    python launch/benchmark.py --dataset=amazon_video \
+        --data_dir=../shared/datasets/amazon_video --eval_protocol=full
+
+With `--eval_protocol=full` it instead times the full-ranking evaluation of
+all users (`full_ranking.evaluate_full`, every user's test item against every
+item it did not train on) after `--warmup` training rounds, `--rounds` times,
+and prints its GFLOP/s (`full_ranking.scoring_flops`: 2 x the useful
+multiply-adds of the factored scoring) beside the GFLOP/s of a dense
+`tf.matmul` (`--matmul_size` square float32, `--matmul_reps` times before and
+again after the evaluation) measured in the same run, their ratio, and the
+peak memory of the evaluation (`eval_peak_rss_mb`, this process plus TFF's
+worker). `--check_federated=N` also runs the federated computation
+(`build_federated_full_evaluation`) on the first N users and prints its
+largest difference from the fast path on the same users.
 
 Runs `--warmup` rounds (tracing, worker start), then times `--rounds` rounds
 of training and one evaluation of all users per timed round, as the authors'
@@ -62,6 +76,24 @@ _RHO_NS = flags.DEFINE_float('rho_ns', None, 'Default: the task\'s.')
 _MAX_GROUP_EXAMPLES = flags.DEFINE_integer(
     'max_group_examples', 16384, 'vectorized: padded examples per TFF client.')
 _EVAL = flags.DEFINE_bool('eval', True, 'Also time the evaluation of all users.')
+_EVAL_PROTOCOL = flags.DEFINE_enum(
+    'eval_protocol', 'sampled', ['sampled', 'full'],
+    'sampled: time training rounds and the sampled (100-candidate) '
+    'evaluation; full: time the full-ranking evaluation of all users against '
+    'a dense matmul.')
+_MATMUL_SIZE = flags.DEFINE_integer(
+    'matmul_size', 4096, 'full: side of the square float32 reference matmul.')
+_MATMUL_REPS = flags.DEFINE_integer(
+    'matmul_reps', 5, 'full: reference matmul repetitions, before and after.')
+_USERS_PER_CALL = flags.DEFINE_integer(
+    'users_per_call', None, 'full: users per compiled call (default: the '
+    "module's).")
+_ITEM_BLOCK = flags.DEFINE_integer(
+    'item_block', None, "full: items per matrix product (default: the module's).")
+_CHECK_FEDERATED = flags.DEFINE_integer(
+    'check_federated', 0,
+    'full: also evaluate the first N users with the federated computation '
+    'and report the largest metric difference from the fast path.')
 
 
 def main(argv: list[str]) -> int:
@@ -94,6 +126,12 @@ def main(argv: list[str]) -> int:
     work = ClientWorkConfig(
         rho_sh=task.rho_sh if _RHO_SH.value is None else _RHO_SH.value,
         rho_ns=task.rho_ns if _RHO_NS.value is None else _RHO_NS.value)
+    if _EVAL_PROTOCOL.value == 'full':
+        result = _measure_full(split, work, cohorts[0])
+        result.update(dataset=task.name, load_seconds=round(load_seconds, 2),
+                      data_peak_rss_mb=round(data_peak_rss_mb, 1))
+        print(json.dumps(result), flush=True)
+        return 0
     results = []
     for clients in cohorts:
         result = _measure(split, work, clients)
@@ -170,6 +208,126 @@ def _measure(split, work, clients: int) -> dict:
     if metrics:
         result['hr@10_after'] = round(metrics['hr@10'], 4)
     return result
+
+
+def _matmul_gflops(size: int, reps: int) -> list[float]:
+    """GFLOP/s of each of `reps` dense float32 [size, size] products."""
+    # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
+    # pylint: enable=g-import-not-at-top
+    a = tf.random.normal([size, size], seed=1)
+    b = tf.random.normal([size, size], seed=2)
+    product = tf.function(lambda a, b: tf.reduce_sum(tf.matmul(a, b)[0]))
+    product(a, b).numpy()  # trace and warm up
+    rates = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        product(a, b).numpy()
+        rates.append(2 * size**3 / (time.perf_counter() - start) / 1e9)
+    return rates
+
+
+def _measure_full(split, work, clients: int) -> dict:
+    """Times the full-ranking evaluation of all users against a dense matmul."""
+    # pylint: disable=g-import-not-at-top
+    import numpy as np
+    from tff_fedrecgel import full_ranking
+    from tff_fedrecgel.models import ModelConfig
+    from tff_fedrecgel.simulation import FedRecSimulation
+    # pylint: enable=g-import-not-at-top
+
+    if _MATMUL_SIZE.value < 1 or _MATMUL_REPS.value < 1 or _CHECK_FEDERATED.value < 0:
+        raise ValueError('--matmul_size and --matmul_reps must be positive, '
+                         '--check_federated non-negative')
+    config = ModelConfig(num_items=split.num_items)
+    simulation = FedRecSimulation(
+        split=split, model_config=config, work=work, clients_per_round=clients,
+        seed=0, vectorized=_PATH.value == 'vectorized',
+        max_group_examples=_MAX_GROUP_EXAMPLES.value)
+    simulation.initialize()
+    for _ in range(_WARMUP.value):
+        simulation.run_round()  # trained weights; the speed does not depend on them
+    weights, tables = simulation.global_weights, simulation.local_tables()
+    csr = (simulation.train_data.indptr, simulation.train_data.items)
+    options = {}
+    if _USERS_PER_CALL.value is not None:
+        options['users_per_call'] = _USERS_PER_CALL.value
+    if _ITEM_BLOCK.value is not None:
+        options['item_block'] = _ITEM_BLOCK.value
+
+    def evaluate():
+        return full_ranking.evaluate_full(
+            config, weights, tables, split.test_items, csr, **options)
+
+    setup_peak_rss_mb = runtime.peak_rss_mb()  # simulation build and warmup rounds
+    runtime.reset_peak_rss()
+    matmul = _matmul_gflops(_MATMUL_SIZE.value, _MATMUL_REPS.value)
+    start = time.perf_counter()
+    metrics = evaluate()
+    first_seconds = time.perf_counter() - start
+    seconds = []
+    for _ in range(_ROUNDS.value):
+        start = time.perf_counter()
+        evaluate()
+        seconds.append(time.perf_counter() - start)
+    matmul += _matmul_gflops(_MATMUL_SIZE.value, _MATMUL_REPS.value)
+    flops = full_ranking.scoring_flops(config, split.num_users)
+    full_rate = flops / float(np.median(seconds)) / 1e9
+    matmul_rate = float(np.median(matmul))
+    result = {
+        'eval_protocol': 'full',
+        'users': split.num_users,
+        'items': split.num_items,
+        'warmup_rounds': _WARMUP.value,
+        'full_eval_seconds': round(float(np.median(seconds)), 3),
+        'full_eval_seconds_best': round(min(seconds), 3),
+        'full_eval_first_call_seconds': round(first_seconds, 3),
+        'timed_evaluations': len(seconds),
+        'scoring_gflop': round(flops / 1e9, 2),
+        'full_gflops': round(full_rate, 1),
+        'full_gflops_best': round(flops / min(seconds) / 1e9, 1),
+        'matmul_size': _MATMUL_SIZE.value,
+        'matmul_gflops': round(matmul_rate, 1),
+        'matmul_gflops_best': round(max(matmul), 1),
+        'ratio_to_matmul': round(full_rate / matmul_rate, 3),
+        'eval_peak_rss_mb': round(runtime.peak_rss_mb(), 1),
+        'setup_peak_rss_mb': round(setup_peak_rss_mb, 1),
+        'full_metrics': {k: round(v, 4) for k, v in metrics.items()},
+    }
+    if _CHECK_FEDERATED.value:
+        result.update(_check_federated(
+            config, weights, tables, split.test_items, csr,
+            min(_CHECK_FEDERATED.value, split.num_users), options))
+        result['peak_rss_mb_with_federated'] = round(runtime.peak_rss_mb(), 1)
+    return result
+
+
+def _check_federated(config, weights, tables, heldout, csr, num_users: int,
+                     options: dict) -> dict:
+    """Federated vs fast path on the first `num_users` users."""
+    # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import full_ranking
+    # pylint: enable=g-import-not-at-top
+
+    indptr, items = csr
+    users = range(num_users)
+    fast = full_ranking.evaluate_full(
+        config, weights, [t[:num_users] for t in tables], heldout[:num_users],
+        (indptr[:num_users + 1], items[:indptr[num_users]]), **options)
+    evaluate = full_ranking.build_federated_full_evaluation(
+        config, **{k: v for k, v in options.items() if k == 'item_block'})
+    start = time.perf_counter()
+    federated = evaluate(
+        weights, [[t[u:u + 1] for t in tables] for u in users],
+        [{'heldout_item': heldout[u], 'train_items': items[indptr[u]:indptr[u + 1]]}
+         for u in users])
+    seconds = time.perf_counter() - start
+    return {
+        'federated_users': num_users,
+        'federated_seconds': round(seconds, 2),
+        'federated_max_abs_diff': float(max(
+            abs(float(federated[k]) - fast[k]) for k in fast)),
+    }
 
 
 if __name__ == '__main__':

@@ -1,6 +1,12 @@
 """Tests of the full-ranking evaluation (fast and federated paths)."""
 
+import json
 import math
+import os
+import pathlib
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -307,3 +313,51 @@ def test_federated_type_signature():
         '-> <hr@5=float32,ndcg@5=float32,hr@10=float32,ndcg@10=float32,'
         'hr@15=float32,ndcg@15=float32,hr@20=float32,ndcg@20=float32,'
         'mrr=float32>@SERVER)')
+
+
+# --- the benchmark ------------------------------------------------------------
+
+BENCHMARK = pathlib.Path(__file__).resolve().parents[1] / 'launch' / 'benchmark.py'
+
+
+def _run_benchmark(args, tmp_path):
+    log_path = tmp_path / 'log.txt'
+    with open(log_path, 'w') as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(BENCHMARK), *args], stdout=log,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=BENCHMARK.parents[1], start_new_session=True,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+        try:
+            proc.wait(timeout=300)
+        finally:
+            try:  # the process group, with any TFF worker
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    return proc.returncode, log_path.read_text()
+
+
+def test_benchmark_full_protocol_reports_rates(tmp_path):
+    code, output = _run_benchmark(
+        ['--dataset=synthetic', '--num_users=40', '--num_items=300',
+         '--eval_protocol=full', '--warmup=1', '--rounds=1', '--matmul_size=64',
+         '--matmul_reps=2', '--check_federated=12'], tmp_path)
+    assert code == 0, output
+    result = json.loads(output.strip().splitlines()[-1])
+    assert result['users'] == 40 and result['items'] > 99
+    for key in ('full_eval_seconds', 'full_gflops', 'matmul_gflops',
+                'ratio_to_matmul', 'eval_peak_rss_mb'):
+        assert result[key] > 0, key
+    assert result['federated_users'] == 12
+    assert result['federated_max_abs_diff'] <= 1e-6
+    assert list(result['full_metrics']) == full_ranking.metric_names()
+
+
+def test_benchmark_rejects_bad_matmul_size(tmp_path):
+    code, output = _run_benchmark(
+        ['--dataset=synthetic', '--num_users=40', '--num_items=300',
+         '--eval_protocol=full', '--matmul_size=0'], tmp_path)
+    assert code == 2
+    assert output.strip().splitlines()[-1].startswith('error: ')
