@@ -11,18 +11,6 @@ Examples (from the repository root)::
     python launch/benchmark.py --dataset=amazon_video \
         --data_dir=../shared/datasets/amazon_video --eval_protocol=full
 
-With `--eval_protocol=full` it instead times the full-ranking evaluation of
-all users (`full_ranking.evaluate_full`, every user's test item against every
-item it did not train on) after `--warmup` training rounds, `--rounds` times,
-and prints its GFLOP/s (`full_ranking.scoring_flops`: 2 x the useful
-multiply-adds of the factored scoring) beside the GFLOP/s of a dense
-`tf.matmul` (`--matmul_size` square float32, `--matmul_reps` times before and
-again after the evaluation) measured in the same run, their ratio, and the
-peak memory of the evaluation (`eval_peak_rss_mb`, this process plus TFF's
-worker). `--check_federated=N` also runs the federated computation
-(`build_federated_full_evaluation`) on the first N users and prints its
-largest difference from the fast path on the same users.
-
 Runs `--warmup` rounds (tracing, worker start), then times `--rounds` rounds
 of training and one evaluation of all users per timed round, as the authors'
 protocol does (evaluation every round). Peak memory is the high-water
@@ -30,6 +18,20 @@ resident set of this process plus TFF's worker process after the data is
 loaded (`data_peak_rss_mb`: the peak of loading and preprocessing). The last
 line is one JSON object; where SPEC.md has a figure for the authors' code on
 this machine, it includes the ratio.
+
+With `--eval_protocol=full` it instead times the full-ranking evaluation of
+all users (`full_ranking.evaluate_full`, every user's test item against every
+item it did not train on) after `--warmup` training rounds, `--rounds` times,
+and prints its GFLOP/s (`full_ranking.scoring_flops`: 2 x the useful
+multiply-adds of the factored scoring) beside the GFLOP/s of a dense
+`tf.matmul` (`--matmul_size` square float32) measured in the same run, their
+ratio (median over repetitions of each), and the peak memory of the
+evaluation (`eval_peak_rss_mb`, this process plus TFF's worker). The
+`--matmul_reps` matmul repetitions run before every timed evaluation and at
+the end, so both rates see the same load from other processes; the rates per
+CPU second of this process are printed too. `--check_federated=N` also runs
+the federated computation (`build_federated_full_evaluation`) on the first N
+users and prints its largest difference from the fast path on the same users.
 """
 
 from __future__ import annotations
@@ -84,7 +86,9 @@ _EVAL_PROTOCOL = flags.DEFINE_enum(
 _MATMUL_SIZE = flags.DEFINE_integer(
     'matmul_size', 4096, 'full: side of the square float32 reference matmul.')
 _MATMUL_REPS = flags.DEFINE_integer(
-    'matmul_reps', 5, 'full: reference matmul repetitions, before and after.')
+    'matmul_reps', 3,
+    'full: reference matmul repetitions before each timed evaluation and at '
+    'the end.')
 _USERS_PER_CALL = flags.DEFINE_integer(
     'users_per_call', None, 'full: users per compiled call (default: the '
     "module's).")
@@ -210,21 +214,23 @@ def _measure(split, work, clients: int) -> dict:
     return result
 
 
-def _matmul_gflops(size: int, reps: int) -> list[float]:
-    """GFLOP/s of each of `reps` dense float32 [size, size] products."""
+def _timed(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process's threads) of `fn()`."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def _matmul_timer(size: int):
+    """A dense float32 [size, size] product, traced and warmed up."""
     # pylint: disable=g-import-not-at-top
     import tensorflow as tf
     # pylint: enable=g-import-not-at-top
     a = tf.random.normal([size, size], seed=1)
     b = tf.random.normal([size, size], seed=2)
     product = tf.function(lambda a, b: tf.reduce_sum(tf.matmul(a, b)[0]))
-    product(a, b).numpy()  # trace and warm up
-    rates = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        product(a, b).numpy()
-        rates.append(2 * size**3 / (time.perf_counter() - start) / 1e9)
-    return rates
+    product(a, b).numpy()
+    return lambda: _timed(lambda: product(a, b).numpy())
 
 
 def _measure_full(split, work, clients: int) -> dict:
@@ -261,35 +267,50 @@ def _measure_full(split, work, clients: int) -> dict:
 
     setup_peak_rss_mb = runtime.peak_rss_mb()  # simulation build and warmup rounds
     runtime.reset_peak_rss()
-    matmul = _matmul_gflops(_MATMUL_SIZE.value, _MATMUL_REPS.value)
+    load_before = os.getloadavg()[0]
+    matmul = _matmul_timer(_MATMUL_SIZE.value)
     start = time.perf_counter()
     metrics = evaluate()
     first_seconds = time.perf_counter() - start
-    seconds = []
+    # Matmul repetitions before every evaluation and at the end, so that both
+    # rates see the same load from other processes on the machine.
+    matmul_times, eval_times = [], []
     for _ in range(_ROUNDS.value):
-        start = time.perf_counter()
-        evaluate()
-        seconds.append(time.perf_counter() - start)
-    matmul += _matmul_gflops(_MATMUL_SIZE.value, _MATMUL_REPS.value)
+        matmul_times += [matmul() for _ in range(_MATMUL_REPS.value)]
+        eval_times.append(_timed(evaluate))
+    matmul_times += [matmul() for _ in range(_MATMUL_REPS.value)]
     flops = full_ranking.scoring_flops(config, split.num_users)
-    full_rate = flops / float(np.median(seconds)) / 1e9
-    matmul_rate = float(np.median(matmul))
+    matmul_flops = 2 * _MATMUL_SIZE.value**3
+
+    def rate(work, times, column, pick=np.median):
+        return float(work / pick([t[column] for t in times]) / 1e9)
+
+    full_rate, matmul_rate = rate(flops, eval_times, 0), rate(matmul_flops, matmul_times, 0)
+    full_cpu, matmul_cpu = rate(flops, eval_times, 1), rate(matmul_flops, matmul_times, 1)
     result = {
         'eval_protocol': 'full',
         'users': split.num_users,
         'items': split.num_items,
         'warmup_rounds': _WARMUP.value,
-        'full_eval_seconds': round(float(np.median(seconds)), 3),
-        'full_eval_seconds_best': round(min(seconds), 3),
+        'full_eval_seconds': round(float(np.median([t[0] for t in eval_times])), 3),
+        'full_eval_seconds_best': round(min(t[0] for t in eval_times), 3),
         'full_eval_first_call_seconds': round(first_seconds, 3),
-        'timed_evaluations': len(seconds),
+        'timed_evaluations': len(eval_times),
         'scoring_gflop': round(flops / 1e9, 2),
         'full_gflops': round(full_rate, 1),
-        'full_gflops_best': round(flops / min(seconds) / 1e9, 1),
+        'full_gflops_best': round(rate(flops, eval_times, 0, min), 1),
         'matmul_size': _MATMUL_SIZE.value,
+        'matmul_reps': len(matmul_times),
         'matmul_gflops': round(matmul_rate, 1),
-        'matmul_gflops_best': round(max(matmul), 1),
+        'matmul_gflops_best': round(rate(matmul_flops, matmul_times, 0, min), 1),
         'ratio_to_matmul': round(full_rate / matmul_rate, 3),
+        # Per second of CPU time of this process (all its threads): less
+        # sensitive to other processes than the wall-clock rates above.
+        'full_gflops_per_cpu_second': round(full_cpu, 1),
+        'matmul_gflops_per_cpu_second': round(matmul_cpu, 1),
+        'cpu_ratio_to_matmul': round(full_cpu / matmul_cpu, 3),
+        'load_average_before_after': [round(load_before, 2),
+                                      round(os.getloadavg()[0], 2)],
         'eval_peak_rss_mb': round(runtime.peak_rss_mb(), 1),
         'setup_peak_rss_mb': round(setup_peak_rss_mb, 1),
         'full_metrics': {k: round(v, 4) for k, v in metrics.items()},

@@ -169,25 +169,30 @@ def _user_scorer(config: neumf.ModelConfig, item_block: int):
     user_specs = [tf.TensorSpec(s.shape, tf.float32)
                   for s in client_work.local_weight_specs(config)]
 
+    # Equal blocks: no short tail block (e.g. 2059 items -> 2 x 1030).
+    num_blocks = -(-config.num_items // item_block)
+    block = -(-config.num_items // num_blocks)
+    gmf_dim = config.gmf_dim
+
     @tf.function(jit_compile=True, autograph=False,
                  input_signature=[_side_specs(config), user_specs])
     def score(side, user):
         item_gmf, pred_kernel, pred_bias = side[:3]
-        if config.use_mlp:
-            item_first, user_kernel, first_bias = side[3:6]
-            later = list(zip(side[6::2], side[7::2]))
-            user_first = tf.matmul(user[1], user_kernel) + first_bias
+        # GMF: (u * q_i) . w = q_i . (u * w), one product for every item.
+        user_gmf = user[0] * tf.transpose(pred_kernel[:gmf_dim])
+        scores = tf.matmul(item_gmf, user_gmf, transpose_b=True)[:, 0] + pred_bias
+        if not config.use_mlp:
+            return scores
+        item_first, user_kernel, first_bias = side[3:6]
+        later = list(zip(side[6::2], side[7::2]))
+        user_first = tf.matmul(user[1], user_kernel) + first_bias
         blocks = []
-        for start in range(0, config.num_items, item_block):
-            end = min(start + item_block, config.num_items)
-            features = item_gmf[start:end] * user[0]
-            if config.use_mlp:
-                hidden = tf.nn.relu(item_first[start:end] + user_first)
-                for kernel, bias in later:
-                    hidden = tf.nn.relu(tf.matmul(hidden, kernel) + bias)
-                features = tf.concat([features, hidden], axis=1)
-            blocks.append(tf.matmul(features, pred_kernel))
-        return tf.concat(blocks, axis=0)[:, 0] + pred_bias
+        for start in range(0, config.num_items, block):
+            hidden = tf.nn.relu(item_first[start:start + block] + user_first)
+            for kernel, bias in later:
+                hidden = tf.nn.relu(tf.matmul(hidden, kernel) + bias)
+            blocks.append(tf.matmul(hidden, pred_kernel[gmf_dim:])[:, 0])
+        return scores + tf.concat(blocks, axis=0)
 
     return score
 
