@@ -16,11 +16,12 @@ Two paths compute the same numbers:
   its own embedding, excludes its own training items, and only its metrics
   leave the device, averaged by `federated_mean`.
 
-Both score a user with `_user_scores`, one XLA-compiled function per model:
-the first MLP layer splits into a per-user and a per-item part (the item part
-computed once per evaluation), the remaining layers run as matrix products
-over blocks of items sized to stay in cache, and ranking needs only counts of
-items beating the target, no sort.
+Both score a user with `_user_scorer`, one XLA-compiled function per model,
+so a user's scores are the same in either: the first MLP layer splits into a
+per-user and a per-item part (the item part computed once per evaluation,
+or once per client), GMF is one matrix-vector product over all items, the
+remaining layers run as matrix products over blocks of items sized to stay in
+cache, and ranking needs only counts of items beating the target, no sort.
 """
 
 import collections
@@ -101,9 +102,10 @@ def scoring_flops(config: neumf.ModelConfig, num_users: int) -> int:
     """Floating-point operations of scoring every item for `num_users` users.
 
     Counted as 2 x the useful multiply-adds of the factored computation: per
-    (user, item) pair the tower layers after the first and the prediction
-    layer; per user and per item once, their half of the first tower layer.
-    Elementwise additions, ReLUs and the GMF product are not counted.
+    (user, item) pair the GMF dot product, the tower layers after the first
+    and the MLP half of the prediction layer; per user and per item once,
+    their half of the first tower layer. Elementwise additions and ReLUs are
+    not counted.
 
     Args:
       config: The NeuMF sizes.
