@@ -285,7 +285,8 @@ def _measure_full(split, work, clients: int) -> dict:
     def rate(work, times, column, pick=np.median):
         return float(work / pick([t[column] for t in times]) / 1e9)
 
-    full_rate, matmul_rate = rate(flops, eval_times, 0), rate(matmul_flops, matmul_times, 0)
+    full_rate = rate(flops, eval_times, 0)
+    matmul_rate = rate(matmul_flops, matmul_times, 0)
     full_cpu, matmul_cpu = rate(flops, eval_times, 1), rate(matmul_flops, matmul_times, 1)
     result = {
         'eval_protocol': 'full',

@@ -68,7 +68,8 @@ def _np_scores(config, weights, tables):
     if config.use_mlp:
         user_mlp = np.asarray(tables[1], np.float64)
         hidden = np.concatenate([
-            np.broadcast_to(user_mlp[:, None, :], (num_users, num_items, user_mlp.shape[1])),
+            np.broadcast_to(user_mlp[:, None, :],
+                            (num_users, num_items, user_mlp.shape[1])),
             np.broadcast_to(item_mlp[None, :, :], (num_users,) + item_mlp.shape),
         ], axis=-1)
         for i in range(len(config.mlp_layers)):
