@@ -178,7 +178,7 @@ def test_prepare_data_writes_the_maps(tmp_path):
     out = tmp_path / 'out'
     result = subprocess.run(
         [sys.executable, os.path.join('launch', 'prepare_data.py'),
-         '--dataset=csv', f'--data_dir={data}', '--csv_sep=tab',
+         '--task=csv', f'--data_dir={data}', '--csv_sep=tab',
          '--csv_user_col=uid', '--csv_item_col=iid', '--csv_timestamp_col=ts',
          f'--output_dir={out}'],
         cwd=REPO, capture_output=True, text=True, timeout=120, check=False)

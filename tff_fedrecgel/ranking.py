@@ -31,30 +31,48 @@ def check_top_ks(top_ks: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(set(top_ks)))
 
 
-def metric_names(top_ks: Sequence[int] = TOP_KS) -> list[str]:
-    """Metric keys in output order: 'hr@k', 'ndcg@k' for each k ascending."""
-    return [f'{m}@{k}' for k in check_top_ks(top_ks) for m in ('hr', 'ndcg')]
+def metric_names(top_ks: Sequence[int] = TOP_KS, *, mrr: bool = False) -> list[str]:
+    """Metric keys in output order: 'hr@k', 'ndcg@k' for each k ascending, 'mrr'."""
+    names = [f'{m}@{k}' for k in check_top_ks(top_ks) for m in ('hr', 'ndcg')]
+    return names + (['mrr'] if mrr else [])
 
 
-def metrics_from_ranks(rank: tf.Tensor, *, top_ks: Sequence[int] = TOP_KS
-                       ) -> collections.OrderedDict[str, tf.Tensor]:
-    """Per-user HR@K and NDCG@K from the held-out item's 0-based rank.
+def metrics_from_ranks(ranks: tf.Tensor, *, top_ks: Sequence[int] = TOP_KS,
+                       mrr: bool = False) -> collections.OrderedDict[str, tf.Tensor]:
+    """Per-user ranking metrics from the held-out item's 0-based rank.
+
+    HR@K = [rank < K] (Recall@K with one held-out item); NDCG@K =
+    1 / log2(rank + 2) if rank < K, else 0; MRR = 1 / (rank + 1).
 
     Args:
-      rank: int `[num_users]`.
+      ranks: Integer `[num_users]` ranks (the number of other candidates
+        scoring at least as high as the held-out item).
       top_ks: Cut-offs K.
+      mrr: Whether to include 'mrr' (the full-ranking protocol reports it).
 
     Returns:
       OrderedDict of float32 `[num_users]` tensors, keys as `metric_names`.
+
+    Raises:
+      ValueError: If `ranks` is not integer or not rank 1, or `top_ks` is
+        invalid.
     """
     top_ks = check_top_ks(top_ks)
-    # float64 so that 1 / log2(rank + 2) is correctly rounded to float32.
-    gain = math.log(2.0) / tf.math.log(tf.cast(rank, tf.float64) + 2.0)
+    ranks = tf.convert_to_tensor(ranks)
+    if not ranks.dtype.is_integer:
+        raise ValueError(f'ranks must be integers, got {ranks.dtype.name}')
+    if ranks.shape.rank is not None and ranks.shape.rank != 1:
+        raise ValueError(f'ranks must be [num_users], got {ranks.shape}')
+    # float64 so that the reciprocals are correctly rounded to float32.
+    rank = tf.cast(ranks, tf.float64)
+    gain = math.log(2.0) / tf.math.log(rank + 2.0)
     metrics = collections.OrderedDict()
     for k in top_ks:
-        hit = tf.less(rank, k)
+        hit = tf.less(ranks, k)
         metrics[f'hr@{k}'] = tf.cast(hit, tf.float32)
         metrics[f'ndcg@{k}'] = tf.cast(tf.where(hit, gain, tf.zeros_like(gain)), tf.float32)
+    if mrr:
+        metrics['mrr'] = tf.cast(1.0 / (rank + 1.0), tf.float32)
     return metrics
 
 

@@ -304,6 +304,13 @@ def split_tables(config: ModelConfig, global_weights: Sequence[tf.Tensor]):
     return weights[:num_tables], weights[num_tables:]
 
 
+def split_global_weights(config: ModelConfig, global_weights: Sequence[tf.Tensor]):
+    """`(item_gmf, item_mlp or None, [(kernel, bias)] tower, (kernel, bias))`."""
+    tables, dense = split_tables(config, global_weights)
+    tower, prediction = _dense_parts(config, dense)
+    return tables[0], (tables[1] if config.use_mlp else None), tower, prediction
+
+
 def _dense_parts(config: ModelConfig, dense: Sequence[tf.Tensor]):
     """`(tower [(kernel, bias)], prediction (kernel, bias))` of dense weights."""
     layers = len(config.mlp_layers) if config.use_mlp else 0
