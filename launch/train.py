@@ -22,6 +22,7 @@ summary as one JSON object.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -153,15 +154,15 @@ def _privacy_settings(num_users: int) -> dict:
         return settings
     clip, adaptive = _DP_CLIP.value, _DP_ADAPTIVE_CLIP.value
     delta = 1.0 / num_users if _DP_DELTA.value is None else _DP_DELTA.value
-    if _DP_NOISE_MULTIPLIER.value < 0:
-        raise ValueError('--dp_noise_multiplier must be >= 0')
+    if not _DP_NOISE_MULTIPLIER.value >= 0 or math.isinf(_DP_NOISE_MULTIPLIER.value):
+        raise ValueError('--dp_noise_multiplier must be a finite number >= 0')
     if algo.CLIENT_WEIGHTING.value != 'uniform':
         raise ValueError('user-level DP averages users unweighted; drop '
                          '--client_weighting=num_examples')
     if clip is None and not adaptive:
         raise ValueError('--dp_noise_multiplier needs --dp_clip (or --dp_adaptive_clip)')
-    if clip is not None and clip <= 0:
-        raise ValueError('--dp_clip must be positive')
+    if clip is not None and not 0 < clip < math.inf:
+        raise ValueError('--dp_clip must be a finite positive number')
     if adaptive and _SECURE_AGGREGATION.value:
         raise ValueError('--secure_aggregation with DP needs a fixed --dp_clip; '
                          'drop --dp_adaptive_clip')
@@ -179,7 +180,8 @@ def _privacy_pieces(settings: dict, clients: int, num_users: int):
     from tff_fedrecgel import privacy  # pylint: disable=g-import-not-at-top
     secure = settings['secure_aggregation']
     if secure:
-        privacy.use_secure_simulation_context()
+        # As privacy.use_secure_simulation_context, on this process's worker.
+        _entry.tff_runtime(secure_sum=True)
     if 'dp_noise_multiplier' not in settings:
         print('privacy: secure aggregation (simulated), no DP', flush=True)
         return privacy.build_secure_aggregator(), None
@@ -213,50 +215,106 @@ def _check_fedrecon(settings: dict) -> None:
     settings.update(local_state='reconstruct', loss_reduction='mean')
 
 
+_MAX_SEED = 2**32 - 1  # TFF's client sampling seeds numpy's RandomState.
+
+
+def _check_number(name: str, value, *, low=None, low_inclusive=True,
+                  high=None) -> None:
+    """Refuses NaN, infinities and values out of range (None passes)."""
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f'--{name} must be a finite number, got {value}')
+    if low is not None and (value < low if low_inclusive else value <= low):
+        relation = '>=' if low_inclusive else '>'
+        raise ValueError(f'--{name} must be {relation} {low:g}, got {value:g}')
+    if high is not None and value > high:
+        raise ValueError(f'--{name} must be <= {high:g}, got {value:g}')
+
+
+def _check_settings(settings: dict) -> None:
+    """Every numeric setting in range, before anything is read or written."""
+    for name in ('total_rounds', 'rounds_per_eval', 'clients_per_round',
+                 'reconstruction_steps', 'local_epochs', 'max_group_examples'):
+        _check_number(name, settings[name], low=1)
+    _check_number('rounds_per_checkpoint', settings['rounds_per_checkpoint'], low=0)
+    _check_number('client_fraction', settings['client_fraction'], low=0,
+                  low_inclusive=False, high=1)
+    for name in ('local_lr', 'server_lr', 'client_lr', 'sharpness_probe'):
+        _check_number(name, settings[name], low=0, low_inclusive=False)
+    for name in ('rho_sh', 'rho_ns'):
+        _check_number(name, settings[name], low=0)
+    _check_number('seed', settings['seed'], low=0, high=_MAX_SEED)
+    _check_number('data_seed', settings.get('data_seed'), low=0, high=_MAX_SEED)
+
+
+def _vectorized(settings: dict) -> bool:
+    """Whether the run is vectorized (several users per TFF client)."""
+    # FedRecon groups users per TFF client by itself (same results).
+    supported = settings['algorithm'] == 'fedrecon' or (
+        settings['local_state'] == 'persistent' and settings['update'] == 'gradient')
+    if settings['simulation'] == 'vectorized' and not supported:
+        raise ValueError(
+            '--simulation=vectorized needs --local_state=persistent and '
+            '--update=gradient; use --simulation=per_user')
+    return settings['simulation'] == 'vectorized' or (
+        settings['simulation'] == 'auto' and supported
+        and 'secure_aggregation' not in settings)  # Privacy: one user per client.
+
+
 def main(argv: list[str]) -> int:
-    """Entry point."""
+    """Entry point.
+
+    Every flag and the data are checked before anything is written; the
+    experiment folder is then locked (a second run on it is refused), the
+    TFF process built, and only then `hparams.json` written.
+    """
     del argv  # Stray arguments are refused by _entry.run_main.
     task = algo.selected_task()
     settings = _settings(task)
-    if settings['total_rounds'] < 1 or settings['rounds_per_eval'] < 1:
-        raise ValueError('--total_rounds and --rounds_per_eval must be >= 1')
-    if settings['rounds_per_checkpoint'] < 0:
-        raise ValueError('--rounds_per_checkpoint must be >= 0')
-    experiment = _EXPERIMENT_NAME.value or (
-        f'{task.name}_{settings["algorithm"]}_seed{settings["seed"]}')
+    _check_settings(settings)
+    from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
+    experiment = _EXPERIMENT_NAME.value
+    if experiment is None:
+        experiment = f'{task.name}_{settings["algorithm"]}_seed{settings["seed"]}'
+    program.check_experiment_name(experiment)
 
-    # Fail on bad data or an unwritable folder before the slow TF imports.
+    # Fail on bad data before the slow TF imports.
     split = task.load_split(
         data_dir=_data_flags.DATA_DIR.value, validation=settings['validation'],
         **_data_flags.task_options(task))
+    if settings['clients_per_round'] is not None:
+        if settings['clients_per_round'] > split.num_users:
+            raise ValueError(f'--clients_per_round must be <= {split.num_users} '
+                             f'(the users), got {settings["clients_per_round"]}')
+        clients = settings['clients_per_round']
+    else:
+        clients = max(1, int(settings['client_fraction'] * split.num_users))
     settings.update(_privacy_settings(split.num_users))
     if settings['algorithm'] == 'fedrecon':
         _check_fedrecon(settings)
     if _WORKERS.value and 'secure_aggregation' in settings:
         raise ValueError('DP and secure aggregation are not supported with --workers')
+    if _WORKERS.value:
+        from tff_fedrecgel.simulation.workers import parse_worker_addresses  # pylint: disable=g-import-not-at-top
+        parse_worker_addresses(_WORKERS.value)
+    vectorized = _vectorized(settings)
+
+    with program.lock_experiment(root_output_dir=_ROOT_OUTPUT_DIR.value,
+                                 experiment_name=experiment) as paths:
+        program.check_hparams(paths, settings)
+        return _train(task, settings, split, clients, vectorized, paths)
+
+
+def _train(task, settings: dict, split, clients: int, vectorized: bool, paths) -> int:
+    """Builds the TFF process, records the settings and runs the rounds."""
+    _entry.tff_runtime()
     from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
-    paths = program.prepare_experiment(
-        root_output_dir=_ROOT_OUTPUT_DIR.value, experiment_name=experiment,
-        hparams=settings)
-
     from tff_fedrecgel.simulation import FedRecSimulation  # pylint: disable=g-import-not-at-top
-    from tff_fedrecgel.simulation.simulation import clients_per_round_for  # pylint: disable=g-import-not-at-top
 
-    clients = settings['clients_per_round'] or clients_per_round_for(
-        split.num_users, settings['client_fraction'])
     model_config = algo.model_config(split.num_items)
     work = algo.client_work_config(task)
     fedrecon = settings['algorithm'] == 'fedrecon'
-    # FedRecon groups users per TFF client by itself (same results).
-    supported = fedrecon or (work.local_state == 'persistent'
-                             and work.update == 'gradient')
-    if settings['simulation'] == 'vectorized' and not supported:
-        raise ValueError(
-            '--simulation=vectorized needs --local_state=persistent and '
-            '--update=gradient; use --simulation=per_user')
-    vectorized = settings['simulation'] == 'vectorized' or (
-        settings['simulation'] == 'auto' and supported
-        and 'secure_aggregation' not in settings)  # Privacy: one user per client.
     stats = split.summary()
     print(f'{task.name}: {stats["users"]:,} users, {stats["items"]:,} items, '
           f'{stats["train_interactions"]:,} training rows; {clients} clients per '
@@ -264,9 +322,6 @@ def main(argv: list[str]) -> int:
           f'rho_ns={work.rho_ns}); {settings["total_rounds"]} rounds; '
           f'{"vectorized" if vectorized else "one user per TFF client"}',
           flush=True)
-    print(f'outputs: {paths.root}', flush=True)
-    print(f'view the curves: tensorboard --logdir {paths.tensorboard}', flush=True)
-
     start = time.perf_counter()
     aggregator, privacy_report = _privacy_pieces(settings, clients, split.num_users)
     if fedrecon:
@@ -286,6 +341,12 @@ def main(argv: list[str]) -> int:
             model_aggregator=aggregator, workers=_WORKERS.value,
             sharpness_probe=settings['sharpness_probe'])
     logging.info('built the TFF process in %.1f s', time.perf_counter() - start)
+    # Everything is checked: record the settings (a resumed run must match).
+    program.prepare_experiment(
+        root_output_dir=paths.root.parent, experiment_name=paths.root.name,
+        hparams=settings)
+    print(f'outputs: {paths.root}', flush=True)
+    print(f'view the curves: tensorboard --logdir {paths.tensorboard}', flush=True)
     summary = program.run_training(
         simulation, paths=paths, total_rounds=settings['total_rounds'],
         rounds_per_eval=settings['rounds_per_eval'],
@@ -302,4 +363,6 @@ def main(argv: list[str]) -> int:
 
 if __name__ == '__main__':
     _entry.register_tff_shutdown()
-    _entry.run_main(main)
+    _entry.run_main(
+        main, interrupted_hint='run the same command to resume from the latest '
+        'checkpoint')

@@ -1,8 +1,10 @@
 """Shared pytest fixtures.
 
-TFF's default context starts a `worker_binary` subprocess that outlives
-Python and keeps the output pipe open; the session fixture stops it
-(`tff_fedrecgel.runtime.shutdown_tff_workers`) so the run can never hang.
+The session runs TFF computations on a `runtime.LocalRuntime`: its
+`worker_binary` dies with the test process, however that ends, and is
+stopped when the session ends; workers TFF starts by itself (tests that
+install TFF's own contexts) are stopped too
+(`tff_fedrecgel.runtime.shutdown_tff_workers`), so the run can never hang.
 """
 
 import os
@@ -18,11 +20,16 @@ import pytest  # pylint: disable=g-import-not-at-top
 
 
 @pytest.fixture(scope='session', autouse=True)
-def shutdown_tff_worker():
-    yield
+def tff_runtime():
+    """The session's `runtime.LocalRuntime` (installed as TFF's context)."""
     from tff_fedrecgel import runtime  # pylint: disable=g-import-not-at-top
 
-    runtime.shutdown_tff_workers()
+    local_runtime = runtime.LocalRuntime().install()
+    try:
+        yield local_runtime
+    finally:
+        local_runtime.stop()
+        runtime.shutdown_tff_workers()
 
 
 @pytest.fixture(scope='session')
