@@ -227,9 +227,9 @@ def _check_number(name: str, value, *, low=None, low_inclusive=True,
         raise ValueError(f'--{name} must be a finite number, got {value}')
     if low is not None and (value < low if low_inclusive else value <= low):
         relation = '>=' if low_inclusive else '>'
-        raise ValueError(f'--{name} must be {relation} {low:g}, got {value:g}')
+        raise ValueError(f'--{name} must be {relation} {low}, got {value}')
     if high is not None and value > high:
-        raise ValueError(f'--{name} must be <= {high:g}, got {value:g}')
+        raise ValueError(f'--{name} must be <= {high}, got {value}')
 
 
 def _check_settings(settings: dict) -> None:

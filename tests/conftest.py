@@ -9,6 +9,7 @@ install TFF's own contexts) are stopped too
 
 import os
 import pathlib
+import subprocess
 import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
@@ -38,3 +39,34 @@ def datasets_dir() -> pathlib.Path:
     return pathlib.Path(
         os.environ.get('FEDRECGEL_DATASETS', REPO_ROOT.parent / 'shared' / 'datasets')
     )
+
+
+# The small synthetic run of the command-line tests: 80 users, 6 rounds,
+# a checkpoint every 2 rounds, validation on.
+TRAIN_SMALL_RUN = ('--task=synthetic', '--num_users=80', '--num_items=400',
+                   '--progress=false', '--total_rounds=6',
+                   '--rounds_per_checkpoint=2', '--validation')
+
+
+@pytest.fixture(scope='session')
+def train_reference(tmp_path_factory):
+    """`launch/train.py` run uninterrupted with TRAIN_SMALL_RUN: its folder
+    (experiment `ref`) and its output."""
+    root = tmp_path_factory.mktemp('reference')
+    log_path = root / 'log.txt'
+    with open(log_path, 'w') as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO_ROOT / 'launch' / 'train.py'), *TRAIN_SMALL_RUN,
+             f'--root_output_dir={root}', '--experiment_name=ref'],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=REPO_ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+            start_new_session=True)
+        try:
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+    output = log_path.read_text()
+    assert proc.returncode == 0, output
+    return root / 'ref', output

@@ -29,9 +29,12 @@ import collections
 from collections.abc import Callable, Iterator, Mapping
 import contextlib
 import csv
+import errno
 import io
 import json
 import math
+import os
+import re
 import shutil
 import sys
 import time
@@ -83,9 +86,18 @@ def _update_best(best, round_num, score, test_metrics):
     return best
 
 
+# Errors of the file system that TensorFlow reports inside longer messages.
+_OS_REASONS = tuple(os.strerror(code) for code in (
+    errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO, errno.ENOENT))
+
+
 def _first_line(error: BaseException) -> str:
+    """The reason of an error, on one line and without TensorFlow's noise."""
     if isinstance(error, tf.errors.OpError):
-        text = error.message
+        text = re.sub(r'\{\{[^}]*\}\}', '', error.message)
+        for reason in _OS_REASONS:
+            if reason in text:
+                return reason
     elif isinstance(error, OSError) and error.strerror:
         text = error.strerror
     else:
