@@ -195,6 +195,30 @@ def test_local_runtime_matches_tffs_default_context(tff_runtime):
         np.testing.assert_array_equal(a, b)
 
 
+def test_signals_wait_for_the_end_of_a_write():
+    """SIGTERM inside `deferred_signals` is raised when the block ends, as
+    `Terminated` (a KeyboardInterrupt carrying the signal)."""
+    from tff_fedrecgel import runtime
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    runtime.install_signal_handlers()
+    finished = False
+    try:
+        with runtime.armed_signals():
+            with pytest.raises(runtime.Terminated) as raised:
+                with runtime.deferred_signals():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(0.1)  # The handler has run by now.
+                    finished = True
+            assert finished and raised.value.signum == signal.SIGTERM
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
 # --------------------------------------------------------------------------
 # The experiment lock.
 
@@ -312,9 +336,11 @@ def test_resume_rewrites_metrics_from_the_checkpoint(simulation, reference, tmp_
     (folder / 'checkpoints' / 'program_state_5').rename(
         folder / 'checkpoints' / 'program_state_5_temp1234')  # A save cut short.
     (folder / 'metrics.csv').write_text('round,train/loss\n1,oops\n')
+    (folder / 'metrics.csv.12345.tmp').write_text('half a row')  # A write cut short.
     _train(simulation, folder, 6)
     assert _rows(folder / 'metrics.csv') == reference
     assert not list((folder / 'checkpoints').glob('*_temp*'))
+    assert not list(folder.glob('*.tmp'))
 
 
 def test_legacy_checkpoint_takes_rows_from_metrics_csv(simulation, reference, tmp_path):

@@ -352,9 +352,19 @@ def _restore(simulation, checkpoints, paths):
     return restored, version, rows
 
 
+def _prune_temporary_files(paths: ExperimentPaths) -> None:
+    """Removes temporary files of writes cut short (`write_atomically`'s and
+    those of TFF's CSV release manager, which earlier versions used)."""
+    for pattern in ('*.*.tmp', 'metrics.csv_temp*'):
+        for path in paths.root.glob(pattern):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
 def _run(simulation, loop, paths, total_rounds, rounds_per_eval,
          rounds_per_checkpoint, hparams, validation, progress, on_round_end,
          extra_train_metrics=None, extra_summary=None):
+    _prune_temporary_files(paths)
     checkpoints = _Checkpoints(paths, loop)
     simulation.initialize()
     program_state, last_checkpoint, rows = _restore(simulation, checkpoints, paths)
