@@ -46,6 +46,7 @@ USER_ERRORS = (DataError, flags.Error, ValueError, OSError)
 
 _shutdown_registered = False
 _runtime = None
+_interrupted_hint = None
 
 
 def setup_environment() -> None:
@@ -76,7 +77,7 @@ def _stopped_line(signum: int, hint: str | None = None) -> str:
 
 
 def _print_stopped(signum: int) -> None:
-    sys.stderr.write(_stopped_line(signum) + '\n')
+    sys.stderr.write(_stopped_line(signum, _interrupted_hint) + '\n')
     sys.stderr.flush()
 
 
@@ -118,6 +119,9 @@ def run_main(main: Callable[[list[str]], Any], *,
         the program (e.g. how to resume).
     """
     from tff_fedrecgel import runtime  # pylint: disable=g-import-not-at-top
+
+    global _interrupted_hint
+    _interrupted_hint = interrupted_hint
 
     def wrapped(argv: list[str]) -> Any:
         if not flags.FLAGS['verbosity'].present:

@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 _WORKER_NAME = 'worker_binary'
 _PR_SET_PDEATHSIG = 1
@@ -88,7 +88,7 @@ def _worker_binary() -> str:
     return path
 
 
-def _parent_death_preexec() -> callable:
+def _parent_death_preexec() -> Callable[[], None]:
     """A `preexec_fn` making the child die with this process.
 
     libc's `prctl` is looked up here, before the fork: the child only calls
