@@ -11,6 +11,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -51,9 +52,10 @@ TRAIN_SMALL_RUN = ('--task=synthetic', '--num_users=80', '--num_items=400',
 @pytest.fixture(scope='session')
 def train_reference(tmp_path_factory):
     """`launch/train.py` run uninterrupted with TRAIN_SMALL_RUN: its folder
-    (experiment `ref`) and its output."""
+    (experiment `ref`) and its output; `.seconds` its duration."""
     root = tmp_path_factory.mktemp('reference')
     log_path = root / 'log.txt'
+    start = time.monotonic()
     with open(log_path, 'w') as log:
         proc = subprocess.Popen(
             [sys.executable, str(REPO_ROOT / 'launch' / 'train.py'), *TRAIN_SMALL_RUN,
@@ -69,4 +71,13 @@ def train_reference(tmp_path_factory):
                 proc.wait()
     output = log_path.read_text()
     assert proc.returncode == 0, output
-    return root / 'ref', output
+    return _Reference((root / 'ref', output), seconds=time.monotonic() - start)
+
+
+class _Reference(tuple):
+    """(folder, output), and `seconds`: how long the run took on this machine."""
+
+    def __new__(cls, values, *, seconds):
+        reference = super().__new__(cls, values)
+        reference.seconds = seconds
+        return reference

@@ -153,7 +153,7 @@ def _args(root, name='run'):
 @pytest.fixture(scope='module')
 def reference(train_reference):
     folder, output = train_reference
-    return _rows(folder / 'metrics.csv'), _summary(output)
+    return _rows(folder / 'metrics.csv'), _summary(output), train_reference.seconds
 
 
 @pytest.fixture(scope='module', autouse=True)
@@ -180,11 +180,12 @@ def test_signals_at_random_points_resume_identically(reference, tmp_path):
     """SIGKILL, SIGTERM and SIGINT in turn, each at a random time of a run
     (or of its resumption); every run then resumes, and every finished
     series ends with the uninterrupted run's metrics and summary."""
-    reference_rows, reference_summary = reference
+    reference_rows, reference_summary, seconds = reference
     faults = int(os.environ.get('FEDRECGEL_FAULTS', '3'))
     rng = random.Random(int(os.environ.get('FEDRECGEL_FAULT_SEED', '0')))
     kinds = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
-    series, attempt, injected, span = 0, 0, 0, 12.0
+    # Signal times span a whole run on this machine, however loaded.
+    series, attempt, injected, span = 0, 0, 0, seconds
     while True:
         attempt += 1
         run = Run(_args(tmp_path, f'series{series}'), tmp_path / f'attempt{attempt}.txt')
@@ -197,11 +198,13 @@ def test_signals_at_random_points_resume_identically(reference, tmp_path):
             start = time.monotonic()
             code = run.wait(timeout=delay + 120, until=lambda: time.monotonic() - start >= delay)
             if code is None:
+                worker_running = bool(run.workers)
                 os.kill(run.proc.pid, sig)  # The process only, not its group.
                 code = run.wait()
                 if code != 0:  # 0: it had just finished.
                     injected += 1
                     _count(f'faults_{signal.Signals(sig).name}')
+                    _count('faults_with_worker_running', int(worker_running))
                     output = run.output()
                     assert code == _EXIT[sig], output
                     assert 'Traceback' not in output, output
@@ -229,12 +232,13 @@ def test_signals_at_random_points_resume_identically(reference, tmp_path):
             _count('resumes')
     _REPORT['faults_injected'] = injected
     _REPORT['runs_started'] = attempt
+    _REPORT['signal_times_span_seconds'] = round(span, 1)
 
 
 def test_second_run_on_a_folder_is_refused(reference, tmp_path):
     """While a run holds the folder, the same command is refused at once with
     one line naming the holder; the first run loses nothing."""
-    reference_rows, _ = reference
+    reference_rows, _, _ = reference
     lock = tmp_path / 'run' / 'run.lock'
     first = Run(_args(tmp_path), tmp_path / 'first.txt')
     try:
@@ -277,7 +281,7 @@ def test_full_disk_is_one_line_then_resumes(reference, small_disk):
     """The disk fills up at the second checkpoint: one `error:` line, exit 2,
     no worker left, the rows written so far intact; with space again the
     same command ends with the uninterrupted run's metrics."""
-    reference_rows, reference_summary = reference
+    reference_rows, reference_summary, _ = reference
     filler = small_disk / 'filler'
     stat = os.statvfs(small_disk)
     # Room for one checkpoint (1.5 MB) and the small files, not for two.
