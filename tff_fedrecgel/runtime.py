@@ -201,7 +201,6 @@ class LocalRuntime:
                 failures.append(f'port {port}: ' + (
                     f'exit status {process.returncode}' if process.poll() is not None
                     else f'no answer in {self._startup_timeout:g} s'))
-                channel.close()
                 self._kill(process)
                 self._release_owner_thread()
                 continue
@@ -306,8 +305,10 @@ class LocalRuntime:
             if process is not None:
                 self._kill(process)
             self._release_owner_thread()
-            if self._channel is not None:
-                self._channel.close()
+            # Not `channel.close()`: TFF's stub keeps a connectivity
+            # subscription whose polling thread fails on a channel closed
+            # under it (a gRPC race); a dropped channel unsubscribes when it
+            # is collected, and its polling thread ends.
             self._channel = self._stub = None
             if self._installed:
                 self._installed = False
