@@ -19,6 +19,12 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 import pytest  # pylint: disable=g-import-not-at-top
+import signal  # pylint: disable=g-import-not-at-top,wrong-import-order
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # Started as a background job of a script: workers TFF starts itself
+    # would inherit the ignored SIGINT, and TFF waits for them to stop on it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope='session', autouse=True)
