@@ -120,6 +120,7 @@ def main(argv: list[str]) -> int:
     data_peak_rss_mb = runtime.peak_rss_mb()
     runtime.reset_peak_rss()
 
+    _entry.tff_runtime()  # TFF's worker dies with this process.
     # pylint: disable=g-import-not-at-top
     from tff_fedrecgel.algorithms import ClientWorkConfig
     from tff_fedrecgel.simulation import clients_per_round_for

@@ -91,6 +91,7 @@ def main(argv: list[str]) -> int:
     # TensorFlow imports so that data errors come quickly.
     split = task.load_split(data_dir=_data_flags.DATA_DIR.value, **options)
 
+    _entry.tff_runtime()  # TFF's worker dies with this process.
     from tff_fedrecgel import export  # pylint: disable=g-import-not-at-top
 
     work = algo.client_work_config(task)

@@ -24,6 +24,7 @@ summary as one JSON object.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -141,9 +142,13 @@ def _settings(task) -> dict:
 
 
 def _privacy(num_users: int):
-    """The `PrivacySettings` of the flags (imports no TensorFlow)."""
+    """The run's `PrivacySettings`, checked (imports no TensorFlow)."""
     from tff_fedrecgel.privacy import PrivacySettings  # pylint: disable=g-import-not-at-top
 
+    needs_dp = [f'--{f.name}' for f in (_DP_CLIP, _DP_ADAPTIVE_CLIP, _DP_DELTA)
+                if f.present]
+    if _DP_NOISE_MULTIPLIER.value is None and needs_dp:
+        raise ValueError(f'{", ".join(needs_dp)} needs --dp_noise_multiplier')
     private = _DP_NOISE_MULTIPLIER.value is not None or _SECURE_AGGREGATION.value
     if private and _SIMULATION.value == 'vectorized':
         # A vectorized client uploads one mean per group of users.
@@ -158,15 +163,23 @@ def _privacy(num_users: int):
     return settings
 
 
-def _report_privacy(settings, report, total_rounds: int) -> None:
+def _privacy_pieces(privacy, clients: int, num_users: int, total_rounds: int):
+    """The model aggregator and the `PrivacyReport` (None, None: plain mean)."""
+    if not privacy.needs_one_user_per_client:
+        return None, None
+    if privacy.secure_aggregation:
+        # As privacy.use_secure_simulation_context, on this process's worker.
+        _entry.tff_runtime(secure_sum=True)
+    aggregator, report = privacy.build(clients_per_round=clients, num_users=num_users)
     if report is None:
         print('privacy: secure aggregation (simulated), no DP', flush=True)
-        return
-    print(f'privacy: user-level DP, noise multiplier {report.noise_multiplier}, '
-          f'clip {"adaptive" if report.adaptive_clip else report.clip}, epsilon '
-          f'{report.epsilon(total_rounds):.3g} at delta {report.delta:.3g} after '
-          f'{total_rounds} rounds; secure aggregation '
-          f'{"on (simulated)" if settings.secure_aggregation else "off"}', flush=True)
+    else:
+        print(f'privacy: user-level DP, noise multiplier {report.noise_multiplier}, '
+              f'clip {"adaptive" if report.adaptive_clip else report.clip}, epsilon '
+              f'{report.epsilon(total_rounds):.3g} at delta {report.delta:.3g} after '
+              f'{total_rounds} rounds; secure aggregation '
+              f'{"on (simulated)" if privacy.secure_aggregation else "off"}', flush=True)
+    return aggregator, report
 
 
 def _check_fedrecon(settings: dict) -> None:
@@ -183,49 +196,102 @@ def _check_fedrecon(settings: dict) -> None:
     settings.update(local_state='reconstruct', loss_reduction='mean')
 
 
+_MAX_SEED = 2**32 - 1  # TFF's client sampling seeds numpy's RandomState.
+
+
+def _check_number(name: str, value, *, low=None, low_inclusive=True,
+                  high=None) -> None:
+    """Refuses NaN, infinities and values out of range (None passes)."""
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f'--{name} must be a finite number, got {value}')
+    if low is not None and (value < low if low_inclusive else value <= low):
+        relation = '>=' if low_inclusive else '>'
+        raise ValueError(f'--{name} must be {relation} {low}, got {value}')
+    if high is not None and value > high:
+        raise ValueError(f'--{name} must be <= {high}, got {value}')
+
+
+def _check_settings(settings: dict) -> None:
+    """Every numeric setting in range, before anything is read or written."""
+    for name in ('total_rounds', 'rounds_per_eval', 'clients_per_round',
+                 'reconstruction_steps', 'local_epochs', 'max_group_examples'):
+        _check_number(name, settings[name], low=1)
+    _check_number('rounds_per_checkpoint', settings['rounds_per_checkpoint'], low=0)
+    _check_number('client_fraction', settings['client_fraction'], low=0,
+                  low_inclusive=False, high=1)
+    for name in ('local_lr', 'server_lr', 'client_lr', 'sharpness_probe'):
+        _check_number(name, settings[name], low=0, low_inclusive=False)
+    for name in ('rho_sh', 'rho_ns'):
+        _check_number(name, settings[name], low=0)
+    _check_number('seed', settings['seed'], low=0, high=_MAX_SEED)
+    _check_number('data_seed', settings.get('data_seed'), low=0, high=_MAX_SEED)
+
+
+def _vectorized(settings: dict) -> bool:
+    """Whether the run is vectorized (several users per TFF client).
+
+    Every mode runs vectorized; DP and secure aggregation act on each user's
+    upload, so they need one user per TFF client.
+    """
+    return settings['simulation'] == 'vectorized' or (
+        settings['simulation'] == 'auto' and 'secure_aggregation' not in settings)
+
+
 def main(argv: list[str]) -> int:
-    """Entry point."""
+    """Entry point.
+
+    Every flag and the data are checked before anything is written; the
+    experiment folder is then locked (a second run on it is refused), the
+    TFF process built, and only then `hparams.json` written.
+    """
     del argv  # Stray arguments are refused by _entry.run_main.
     task = algo.selected_task()
     settings = _settings(task)
-    if settings['total_rounds'] < 1 or settings['rounds_per_eval'] < 1:
-        raise ValueError('--total_rounds and --rounds_per_eval must be >= 1')
-    if settings['rounds_per_checkpoint'] < 0:
-        raise ValueError('--rounds_per_checkpoint must be >= 0')
-    experiment = _EXPERIMENT_NAME.value or (
-        f'{task.name}_{settings["algorithm"]}_seed{settings["seed"]}')
+    _check_settings(settings)
+    from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
+    experiment = _EXPERIMENT_NAME.value
+    if experiment is None:
+        experiment = f'{task.name}_{settings["algorithm"]}_seed{settings["seed"]}'
+    program.check_experiment_name(experiment)
 
-    # Fail on bad data or an unwritable folder before the slow TF imports.
+    # Fail on bad data before the slow TF imports.
     split = task.load_split(
         data_dir=_data_flags.DATA_DIR.value, validation=settings['validation'],
         **_data_flags.task_options(task))
+    if settings['clients_per_round'] is not None:
+        if settings['clients_per_round'] > split.num_users:
+            raise ValueError(f'--clients_per_round must be <= {split.num_users} '
+                             f'(the users), got {settings["clients_per_round"]}')
+        clients = settings['clients_per_round']
+    else:
+        clients = max(1, int(settings['client_fraction'] * split.num_users))
     privacy = _privacy(split.num_users)
     settings.update(privacy.hparams(num_users=split.num_users))
     if settings['algorithm'] == 'fedrecon':
         _check_fedrecon(settings)
-    if _WORKERS.value and privacy.needs_one_user_per_client:
+    if _WORKERS.value and 'secure_aggregation' in settings:
         raise ValueError('DP and secure aggregation are not supported with --workers')
-    from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
-    paths = program.prepare_experiment(
-        root_output_dir=_ROOT_OUTPUT_DIR.value, experiment_name=experiment,
-        hparams=settings)
+    if _WORKERS.value:
+        from tff_fedrecgel.simulation.transport import parse_worker_addresses  # pylint: disable=g-import-not-at-top
+        parse_worker_addresses(_WORKERS.value)
+    vectorized = _vectorized(settings)
 
-    from tff_fedrecgel import methods  # pylint: disable=g-import-not-at-top
+    with program.lock_experiment(root_output_dir=_ROOT_OUTPUT_DIR.value,
+                                 experiment_name=experiment) as paths:
+        program.check_hparams(paths, settings)
+        return _train(task, settings, split, clients, vectorized, privacy, paths)
+
+
+def _train(task, settings: dict, split, clients: int, vectorized: bool, privacy,
+           paths) -> int:
+    """Builds the TFF process, records the settings and runs the rounds."""
+    _entry.tff_runtime()
+    from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel import simulation  # pylint: disable=g-import-not-at-top
 
-    clients = settings['clients_per_round'] or simulation.clients_per_round_for(
-        split.num_users, settings['client_fraction'])
     work = algo.client_work_config(task)
-    fedrecon = methods.get_method(settings['algorithm']).algorithm == methods.FEDRECON
-    # FedRecon groups users per TFF client by itself (same results).
-    supported = fedrecon or (work.persistent and work.update == 'gradient')
-    if settings['simulation'] == 'vectorized' and not supported:
-        raise ValueError(
-            '--simulation=vectorized needs --local_state=persistent and '
-            '--update=gradient; use --simulation=per_user')
-    vectorized = settings['simulation'] == 'vectorized' or (
-        settings['simulation'] == 'auto' and supported
-        and not privacy.needs_one_user_per_client)
     stats = split.summary()
     print(f'{task.name}: {stats["users"]:,} users, {stats["items"]:,} items, '
           f'{stats["train_interactions"]:,} training rows; {clients} clients per '
@@ -233,15 +299,9 @@ def main(argv: list[str]) -> int:
           f'rho_ns={work.rho_ns}); {settings["total_rounds"]} rounds; '
           f'{"vectorized" if vectorized else "one user per TFF client"}',
           flush=True)
-    print(f'outputs: {paths.root}', flush=True)
-    print(f'view the curves: {_entry.tensorboard_command(paths.tensorboard)}',
-          flush=True)
-
     start = time.perf_counter()
-    aggregator, privacy_report = privacy.build(clients_per_round=clients,
-                                               num_users=split.num_users)
-    if privacy.needs_one_user_per_client:
-        _report_privacy(privacy, privacy_report, settings['total_rounds'])
+    aggregator, privacy_report = _privacy_pieces(privacy, clients, split.num_users,
+                                                 settings['total_rounds'])
     sim = simulation.build_simulation(
         split=split, method=settings['algorithm'], work=work, clients_per_round=clients,
         seed=settings['seed'], server_lr=settings['server_lr'],
@@ -249,6 +309,13 @@ def main(argv: list[str]) -> int:
         max_group_examples=settings['max_group_examples'], model_aggregator=aggregator,
         workers=_WORKERS.value, sharpness_probe=settings['sharpness_probe'])
     logging.info('built the TFF process in %.1f s', time.perf_counter() - start)
+    # Everything is checked: record the settings (a resumed run must match).
+    program.prepare_experiment(
+        root_output_dir=paths.root.parent, experiment_name=paths.root.name,
+        hparams=settings)
+    print(f'outputs: {paths.root}', flush=True)
+    print(f'view the curves: {_entry.tensorboard_command(paths.tensorboard)}',
+          flush=True)
     summary = program.run_training(
         sim, paths=paths, total_rounds=settings['total_rounds'],
         rounds_per_eval=settings['rounds_per_eval'],
@@ -265,4 +332,6 @@ def main(argv: list[str]) -> int:
 
 if __name__ == '__main__':
     _entry.register_tff_shutdown()
-    _entry.run_main(main)
+    _entry.run_main(
+        main, interrupted_hint='run the same command to resume from the latest '
+        'checkpoint')

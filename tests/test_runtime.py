@@ -79,15 +79,16 @@ def test_entry_point_hook_closes_the_pipe():
 
 
 def test_entry_points_restore_sigint_for_the_worker():
-    """Started with SIGINT ignored, an entry point handles it again, so the
-    worker it starts does not inherit the ignored SIGINT."""
+    """Started with SIGINT ignored, an entry point handles it again, so a
+    worker TFF starts itself does not inherit the ignored SIGINT."""
     code = textwrap.dedent(f'''
         import signal, sys
         sys.path.insert(0, {REPO!r})
         print('ignored before:', signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
         from launch import _entry
+        from tff_fedrecgel import runtime
         _entry.setup_environment()
-        print('handled after:', signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+        print('handled after:', signal.getsignal(signal.SIGINT) is runtime._handle_signal)
     ''')
     returncode, out = _run_piped(code, ignore_sigint=True)
     assert returncode == 0, out

@@ -77,15 +77,10 @@ def _read_scalars(log_dir):
 
 
 @pytest.fixture(scope='module')
-def reference_run(tmp_path_factory):
-    """An uninterrupted 6-round run with checkpoints every 2 rounds."""
-    root = tmp_path_factory.mktemp('reference')
-    code, output = _run(
-        [*SMALL, f'--root_output_dir={root}', '--experiment_name=ref',
-         '--total_rounds=6', '--rounds_per_checkpoint=2', '--validation'],
-        root)
-    assert code == 0, output
-    return root / 'ref', output
+def reference_run(train_reference):
+    """An uninterrupted 6-round run with checkpoints every 2 rounds (shared
+    with test_fault_injection.py: conftest.train_reference)."""
+    return train_reference
 
 
 def test_outputs_and_summary_line(reference_run):

@@ -1,22 +1,414 @@
-"""Stopping TFF's worker process, so nothing outlives the program.
+"""The process's TFF runtime: a local worker that never outlives it, and signals.
 
-Executing a TFF computation with the default context starts a `worker_binary`
-subprocess (TFF's C++ executor service). It inherits stdout/stderr and
-outlives Python unless its service manager is garbage-collected while the
-interpreter is still whole, so a runner reading the output pipe to its end
-(CI, pytest -s, `cmd | tail`) would hang. `shutdown_tff_workers` installs a
-inert context (the old one's manager then stops its worker when collected)
-and, for workers whose manager is still referenced somewhere, stops this
-process's remaining `worker_binary` children directly.
+TFF's default context starts its C++ executor service (`worker_binary`) as a
+plain child process: killed with SIGKILL or SIGTERM, a program left it
+running (about 300 MB, listening on a port), and a runner reading the output
+pipe to its end hung on it. `LocalRuntime` owns the worker instead:
+
+* it starts `worker_binary --port=N` itself, with a parent-death signal
+  (Linux `prctl(PR_SET_PDEATHSIG, SIGKILL)`), so the kernel kills the worker
+  whenever this process ends, SIGKILL included;
+* the worker runs in its own process group, so a terminal's Ctrl-C reaches
+  only this process, which then stops the worker in order;
+* it installs a TFF execution context on that worker, the same stack as TFF's
+  local C++ context (a `RemoteExecutor` over gRPC, the native compiler), so
+  results are identical;
+* `stop()` (also run by `atexit` and on leaving a `with` block) kills and
+  reaps the worker and puts back the previous context.
+
+The binary has no flag for its listening address: it binds `[::]:N`. It lives
+only as long as this process.
+
+Signals: `install_signal_handlers` makes SIGTERM (and SIGHUP) stop a program
+the way Ctrl-C does (an exception in the main thread, so `finally` blocks and
+`atexit` run), and `deferred_signals` holds them back while a checkpoint or an
+output file is being written.
+
+`shutdown_tff_workers` stops every worker of this process, also those TFF
+started itself (e.g. after `tff.backends.native.set_sync_local_cpp_execution_context()`).
 """
 
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
 import gc
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
+import weakref
+from collections.abc import Callable, Iterator
 
 _WORKER_NAME = 'worker_binary'
+_PR_SET_PDEATHSIG = 1
+# As TFF's local context: large enough for any round's values.
+_MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
+_CHANNEL_OPTIONS = [
+    ('grpc.max_message_length', _MAX_MESSAGE_BYTES),
+    ('grpc.max_receive_message_length', _MAX_MESSAGE_BYTES),
+    ('grpc.max_send_message_length', _MAX_MESSAGE_BYTES),
+]
+_START_ATTEMPTS = 3  # A picked port may be taken before the worker binds it.
+
+
+class WorkerExitedError(ConnectionError):
+    """The local TFF worker died (e.g. killed for lack of memory).
+
+    A `ConnectionError` (so an `OSError`): entry points print it as one
+    `error: ...` line.
+    """
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived; handled like Ctrl-C (a `KeyboardInterrupt`).
+
+    Attributes:
+      signum: The signal number.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# ---------------------------------------------------------------------------
+# The local worker.
+
+
+def _worker_binary() -> str:
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+    path = os.path.join(os.path.dirname(tff.__file__), 'data', _WORKER_NAME)
+    if not os.path.isfile(path):
+        raise RuntimeError(f'TFF\'s worker binary is missing: {path}')
+    return path
+
+
+def _parent_death_preexec() -> Callable[[], None]:
+    """A `preexec_fn` making the child die with this process.
+
+    libc's `prctl` is looked up here, before the fork: the child only calls
+    it (no loading, no allocation while other threads' locks may be held).
+    """
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec():
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # The parent died before prctl took effect.
+            os._exit(1)  # pylint: disable=protected-access
+
+    return preexec
+
+
+class LocalRuntime:
+    """TFF's local worker, owned by this process, and a context that uses it.
+
+    Usage::
+
+        with runtime.LocalRuntime():
+            ...  # TFF computations run on a worker that dies with this process
+
+    The worker starts at the first computation (or with `start_worker`), from
+    a thread the runtime keeps alive until `stop`: the parent-death signal
+    follows the thread that forked the worker.
+    """
+
+    def __init__(self, *, max_concurrent_computation_calls: int = -1,
+                 startup_timeout: float = 120.0):
+        """Prepares the runtime; nothing starts before `install`.
+
+        Args:
+          max_concurrent_computation_calls: As TFF's local context (-1: no
+            limit).
+          startup_timeout: Seconds to wait for the worker to answer.
+        """
+        self._max_calls = max_concurrent_computation_calls
+        self._startup_timeout = startup_timeout
+        self._lock = threading.RLock()
+        self._process: subprocess.Popen | None = None
+        self._channel = None
+        self._stub = None
+        self._owner_release: threading.Event | None = None
+        self._context = None
+        self._previous_context = None
+        self._installed = False
+        self.port: int | None = None
+
+    # -- the worker ----------------------------------------------------------
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The worker's pid while it runs, else None."""
+        process = self._process
+        return process.pid if process is not None and process.poll() is None else None
+
+    def start_worker(self) -> int:
+        """Starts the worker unless it runs; returns its pid.
+
+        Raises:
+          RuntimeError: If the runtime is not installed or the worker does
+            not start.
+          WorkerExitedError: If the worker started earlier has died.
+        """
+        self._ensure_stub()
+        return self._process.pid
+
+    def _ensure_stub(self):
+        with self._lock:
+            if not self._installed:
+                raise RuntimeError('the TFF runtime was stopped')
+            if self._process is not None:
+                code = self._process.poll()
+                if code is not None:
+                    how = (f'was killed by {signal.Signals(-code).name}' if code < 0
+                           else f'exited with status {code}')
+                    raise WorkerExitedError(
+                        f'TFF\'s worker process (pid {self._process.pid}) {how}; '
+                        'out of memory? The run can be resumed from its latest '
+                        'checkpoint')
+                return self._stub
+            self._start()
+            return self._stub
+
+    def _start(self) -> None:
+        import grpc  # pylint: disable=g-import-not-at-top
+        import portpicker  # pylint: disable=g-import-not-at-top
+        import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+        binary = _worker_binary()
+        failures = []
+        for _ in range(_START_ATTEMPTS):
+            port = portpicker.pick_unused_port()
+            process = self._spawn_from_owner_thread([
+                binary, f'--port={port}',
+                f'--max_concurrent_computation_calls={self._max_calls}'])
+            channel = grpc.insecure_channel(f'localhost:{port}', options=_CHANNEL_OPTIONS)
+            ready = grpc.channel_ready_future(channel)
+            deadline = time.monotonic() + self._startup_timeout
+            while process.poll() is None and time.monotonic() < deadline:
+                try:
+                    ready.result(timeout=0.2)
+                    break
+                except grpc.FutureTimeoutError:
+                    continue
+            else:
+                ready.cancel()
+                failures.append(f'port {port}: ' + (
+                    f'exit status {process.returncode}' if process.poll() is not None
+                    else f'no answer in {self._startup_timeout:g} s'))
+                self._kill(process)
+                self._release_owner_thread()
+                continue
+            self._process, self._channel, self.port = process, channel, port
+            self._stub = tff.framework.RemoteExecutorGrpcStub(channel)
+            return
+        raise RuntimeError('TFF\'s worker did not start: ' + '; '.join(failures))
+
+    def _spawn_from_owner_thread(self, args: list[str]) -> subprocess.Popen:
+        """Forks the worker from a thread that lives until `stop`."""
+        preexec = _parent_death_preexec()
+        release = threading.Event()
+        result = {}
+        started = threading.Event()
+
+        def own():
+            try:
+                result['process'] = subprocess.Popen(
+                    args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    preexec_fn=preexec, process_group=0, close_fds=True)
+            except BaseException as e:  # pylint: disable=broad-except
+                result['error'] = e
+            started.set()
+            release.wait()
+
+        threading.Thread(target=own, name='tff-worker-owner', daemon=True).start()
+        started.wait()
+        if 'error' in result:
+            raise result['error']
+        self._owner_release = release
+        return result['process']
+
+    def _release_owner_thread(self) -> None:
+        if self._owner_release is not None:
+            self._owner_release.set()
+            self._owner_release = None
+
+    @staticmethod
+    def _kill(process: subprocess.Popen) -> None:
+        # The worker holds no state worth a graceful stop.
+        try:
+            process.kill()
+        except ProcessLookupError:
+            pass
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+
+    # -- the context ---------------------------------------------------------
+
+    def _executor_fn(self, cardinalities):
+        import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+        # As TFF's local context: computations without CLIENTS values still
+        # need a cardinality for the placement.
+        if cardinalities.get(tff.CLIENTS) is None:
+            cardinalities[tff.CLIENTS] = 0
+        executor = tff.framework.RemoteExecutor(self._ensure_stub())
+        executor.set_cardinalities(cardinalities)
+        return executor
+
+    def install(self, *, secure_sum: bool = False) -> 'LocalRuntime':
+        """Makes this runtime TFF's default execution context.
+
+        Args:
+          secure_sum: Compile TFF's secure-sum intrinsics to plain sums of the
+            quantized values with range checks (TFF's test backend; simulation
+            only, nothing is masked). Other computations run as without it.
+
+        Returns:
+          self.
+        """
+        import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+        if secure_sum:
+            def compiler(comp):
+                comp = tff.backends.test.replace_secure_intrinsics_with_bodies(comp)
+                return tff.backends.native.desugar_and_transform_to_native(comp)
+        else:
+            compiler = tff.backends.native.desugar_and_transform_to_native
+        context = tff.framework.SyncExecutionContext(
+            executor_fn=tff.framework.ResourceManagingExecutorFactory(self._executor_fn),
+            compiler_fn=compiler,
+            transform_args=tff.tensorflow.transform_args,
+            transform_result=tff.tensorflow.transform_result,
+        )
+        with self._lock:
+            stack = tff.framework.get_context_stack()
+            if not self._installed:
+                self._previous_context = stack.current
+                _live_runtimes.add(self)
+            self._installed = True
+            self._context = context
+            tff.framework.set_default_context(context)
+        return self
+
+    def stop(self) -> None:
+        """Stops the worker and puts back the previous context (idempotent)."""
+        with self._lock:
+            process, self._process = self._process, None
+            if process is not None:
+                self._kill(process)
+            self._release_owner_thread()
+            # Not `channel.close()`: TFF's stub keeps a connectivity
+            # subscription whose polling thread fails on a channel closed
+            # under it (a gRPC race); a dropped channel unsubscribes when it
+            # is collected, and its polling thread ends.
+            self._channel = self._stub = None
+            if self._installed:
+                self._installed = False
+                tff = sys.modules.get('tensorflow_federated')
+                if tff is not None:
+                    stack = tff.framework.get_context_stack()
+                    if stack.current is self._context and self._previous_context is not None:
+                        with contextlib.suppress(Exception):  # Interpreter teardown.
+                            tff.framework.set_default_context(self._previous_context)
+            self._context = self._previous_context = None
+            _live_runtimes.discard(self)
+
+    def __enter__(self) -> 'LocalRuntime':
+        return self.install()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+_live_runtimes: 'weakref.WeakSet[LocalRuntime]' = weakref.WeakSet()
+
+
+def _stop_live_runtimes() -> None:
+    for local_runtime in list(_live_runtimes):
+        local_runtime.stop()
+
+
+atexit.register(_stop_live_runtimes)
+
+
+# ---------------------------------------------------------------------------
+# Signals.
+
+_TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+_signal_state = {'depth': 0, 'pending': None, 'armed': False, 'unarmed': None}
+
+
+def _handle_signal(signum, frame):
+    del frame
+    if not _signal_state['armed']:
+        # Before the program's main code runs (imports) or after it ended:
+        # nothing to clean up that the kernel does not do.
+        unarmed = _signal_state['unarmed']
+        if unarmed is not None:
+            unarmed(signum)
+        os._exit(128 + signum)  # pylint: disable=protected-access
+    if _signal_state['depth'] > 0:
+        _signal_state['pending'] = signum
+        return
+    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+def install_signal_handlers(*, on_early_signal=None) -> None:
+    """SIGINT, SIGTERM and SIGHUP raise in the main thread (call from it).
+
+    SIGINT raises `KeyboardInterrupt`; SIGTERM and SIGHUP raise `Terminated`
+    (a `KeyboardInterrupt`), so a terminated program unwinds like an
+    interrupted one. Until `armed_signals` is entered, a signal ends the
+    process at once with status 128 + signal.
+
+    Args:
+      on_early_signal: Called with the signal number before such an early
+        exit (e.g. to print a line).
+    """
+    _signal_state['unarmed'] = on_early_signal
+    for signum in (signal.SIGINT, *_TERMINATING):
+        signal.signal(signum, _handle_signal)
+
+
+@contextlib.contextmanager
+def armed_signals() -> Iterator[None]:
+    """Within, the handlers of `install_signal_handlers` raise exceptions."""
+    _signal_state['armed'] = True
+    try:
+        yield
+    finally:
+        _signal_state['armed'] = False
+
+
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Holds SIGINT/SIGTERM back until the block ends (e.g. a checkpoint write).
+
+    Only with the handlers of `install_signal_handlers`; otherwise a no-op.
+    A signal that arrived inside the block is raised when it ends.
+    """
+    _signal_state['depth'] += 1
+    try:
+        yield
+    finally:
+        _signal_state['depth'] -= 1
+        pending = _signal_state['pending']
+        if _signal_state['depth'] == 0 and pending is not None:
+            _signal_state['pending'] = None
+            if _signal_state['armed']:
+                raise KeyboardInterrupt() if pending == signal.SIGINT else Terminated(pending)
+
+
+# ---------------------------------------------------------------------------
+# Process inspection and clean-up.
 
 
 def _children(pid: int) -> list[int]:
@@ -126,12 +518,14 @@ def _stop(pids: list[int], timeout: float) -> None:
 def shutdown_tff_workers() -> None:
     """Stops every TFF worker this process started (no-op without TFF).
 
-    The workers are stopped first, and left unreaped: TFF's service manager,
-    collected next, sends its worker SIGINT and then waits for it with no
-    timeout. A worker that ignores SIGINT (it inherits that from a
-    background job of a non-interactive shell) would make that wait, and so
-    the program's exit, hang forever.
+    `LocalRuntime`s are stopped first. Workers TFF started itself are
+    stopped next, and left unreaped: TFF's service manager, collected next,
+    sends its worker SIGINT and then waits for it with no timeout. A worker
+    that ignores SIGINT (it inherits that from a background job of a
+    non-interactive shell) would make that wait, and so the program's exit,
+    hang forever.
     """
+    _stop_live_runtimes()
     pids = worker_pids()
     _stop(pids, timeout=5.0)
     tff = sys.modules.get('tensorflow_federated')

@@ -17,6 +17,7 @@ import re
 from collections.abc import Sequence
 from typing import Union
 
+from absl import logging
 import numpy as np
 import pandas as pd
 
@@ -132,18 +133,28 @@ def _parse_int_ids(values: pd.Series, *, path: str, what: str,
         raise DataError(f'{path}: {what} out of the int64 range') from None
 
 
-def _parse_any_ids(values: pd.Series) -> np.ndarray:
+def _parse_any_ids(values: pd.Series, *, path: str, what: str,
+                   header: bool) -> np.ndarray:
     """Keeps ids as strings unless every id is an integer.
 
     Integer-looking ids become int64 so that "sorted order of the original ids"
-    is numeric (2 < 10), as it is for the reference preprocessing.
+    is numeric (2 < 10), as it is for the reference preprocessing. If one of
+    them does not fit in int64, the whole column stays text (sorted as text)
+    and a warning names the first such id.
     """
     text = values.str.strip()
     if text.str.fullmatch(_INT_RE).all():
         try:
             return text.astype(np.int64).to_numpy()
         except (OverflowError, ValueError):
-            pass
+            row = next(i for i, v in enumerate(text)
+                       if not -2**63 <= int(v) < 2**63)
+            # The frame's index is the row's position in the file.
+            logging.warning(
+                '%s: %s %s on line %d does not fit in 64 bits, so every %s is '
+                'read as text and ids are ordered as text (10 before 2)', path,
+                what, text.iloc[row], _line_number(int(values.index[row]), header),
+                what)
     return text.to_numpy(dtype=object)
 
 
@@ -296,8 +307,10 @@ def load_qb_article(path: PathLike) -> pd.DataFrame:
             f'(found {", ".join(map(str, frame.columns))})')
     frame = frame[['user_id', 'item_id']]
     _check_no_missing(frame, path, header=True)
-    users = _parse_any_ids(frame['user_id'])
-    items = _parse_any_ids(frame['item_id'])
+    users = _parse_any_ids(frame['user_id'], path=path, what='user id',
+                           header=True)
+    items = _parse_any_ids(frame['item_id'], path=path, what='item id',
+                           header=True)
     return _frame(users, items, _occurrence_index(users) + 1)
 
 
@@ -406,8 +419,10 @@ def load_csv(path: PathLike, *, sep: str = ',', header: bool = True,
     else:
         timestamps = None
     used = used[keep]
-    users = _parse_any_ids(used['user'])
-    items = _parse_any_ids(used['item'])
+    users = _parse_any_ids(used['user'], path=path, what='user id',
+                           header=header)
+    items = _parse_any_ids(used['item'], path=path, what='item id',
+                           header=header)
     if timestamps is None:
         timestamps = _occurrence_index(users) + 1
     return _frame(users, items, timestamps)

@@ -1,19 +1,29 @@
 """One root folder per experiment: logs, metrics, hparams, checkpoints.
 
 <root_output_dir>/<experiment_name>/
+  run.lock            held (flock) by the run writing here; names its holder
   hparams.json        every setting of the run, written once
-  metrics.csv         one row per round (TFF's CSVFileReleaseManager)
+  metrics.csv         one row per round, rewritten whole after each round
   tensorboard/        scalars, hparams and the item-embedding projector
   checkpoints/        TFF FileProgramStateManager program states
   summary.json        the final summary (also the last printed line)
+
+One run at a time: `lock_experiment` takes an exclusive `fcntl.flock` on
+`run.lock` and a second run is refused at once, naming the holder. The kernel
+drops the lock when its holder dies, however it dies, so a stale lock never
+blocks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import errno
+import fcntl
 import json
 import os
 import pathlib
+import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,6 +60,147 @@ class ExperimentPaths:
     def summary(self) -> pathlib.Path:
         return self.root / 'summary.json'
 
+    @property
+    def lock(self) -> pathlib.Path:
+        return self.root / 'run.lock'
+
+
+class OutputError(OSError):
+    """An output could not be written (e.g. a full disk); a one-line message."""
+
+
+class ExperimentLockedError(ValueError):
+    """Another live process holds the experiment folder."""
+
+
+def check_experiment_name(experiment_name: str) -> None:
+    """Refuses names that are not one plain folder name.
+
+    Args:
+      experiment_name: The experiment's folder name.
+
+    Raises:
+      ValueError: If empty, `.` or `..`, or holding a path separator or a
+        NUL (it would write outside the output root).
+    """
+    name = experiment_name or ''
+    separators = [os.sep] + ([os.altsep] if os.altsep else [])
+    if (not name.strip() or name in ('.', '..')
+            or any(s in name for s in separators) or '\0' in name):
+        raise ValueError(
+            f'invalid experiment name {experiment_name!r}: give one folder name '
+            '(no "/", not "." or "..")')
+
+
+class ExperimentLock:
+    """An exclusive lock on an experiment folder, held until `release`.
+
+    Attributes:
+      paths: The experiment's `ExperimentPaths`.
+    """
+
+    def __init__(self, paths: ExperimentPaths, handle):
+        self.paths = paths
+        self._handle = handle
+
+    def release(self) -> None:
+        """Releases the lock (idempotent). The lock file stays: removing it
+        could let two runs lock two different files."""
+        if self._handle is not None:
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self) -> ExperimentPaths:
+        return self.paths
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+
+def lock_experiment(
+    *, root_output_dir: str | os.PathLike, experiment_name: str
+) -> ExperimentLock:
+    """Creates the experiment folder and locks it for this process.
+
+    Args:
+      root_output_dir: The root of all experiments.
+      experiment_name: This experiment's folder name.
+
+    Returns:
+      The held `ExperimentLock` (a context manager releasing it).
+
+    Raises:
+      ValueError: On an invalid name.
+      ExperimentLockedError: If another live process holds the folder.
+      OSError: If the folder cannot be created or written.
+    """
+    check_experiment_name(experiment_name)
+    root = pathlib.Path(root_output_dir) / experiment_name
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f'cannot create output folder {root}: {e.strerror or e}') from e
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise OSError(f'output folder {root} is not writable')
+    paths = ExperimentPaths(root)
+    try:
+        handle = open(paths.lock, 'a+', encoding='utf-8')  # pylint: disable=consider-using-with
+    except OSError as e:
+        raise OSError(f'cannot create {paths.lock}: {e.strerror or e}') from e
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        handle.seek(0)
+        holder = ' '.join(handle.read().split()) or 'another process'
+        handle.close()
+        if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+            raise ExperimentLockedError(
+                f'{root} is in use by {holder}; wait for that run to end or use '
+                'another --experiment_name') from None
+        raise OSError(f'cannot lock {paths.lock}: {e.strerror or e}') from e
+    started = datetime.datetime.now().astimezone().isoformat(timespec='seconds')
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f'pid {os.getpid()} on {socket.gethostname()} since {started}\n')
+        handle.flush()
+    except OSError as e:
+        handle.close()
+        raise OSError(f'cannot write {paths.lock}: {e.strerror or e}') from e
+    return ExperimentLock(paths, handle)
+
+
+def _changed_settings(previous: Mapping[str, Any], hparams: Mapping[str, Any]) -> list[str]:
+    return sorted(
+        k for k in set(previous) | set(hparams)
+        if k not in RESUMABLE_CHANGES and previous.get(k) != hparams.get(k))
+
+
+def check_hparams(paths: ExperimentPaths, hparams: Mapping[str, Any]) -> None:
+    """Refuses a folder holding a run with other settings (writes nothing).
+
+    Args:
+      paths: The experiment's folders.
+      hparams: Every setting of the run.
+
+    Raises:
+      ValueError: If `hparams.json` is unreadable or differs.
+    """
+    if not paths.hparams.exists():
+        return
+    try:
+        previous = json.loads(paths.hparams.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f'{paths.hparams} is unreadable: {e}') from e
+    if not isinstance(previous, dict):
+        raise ValueError(f'{paths.hparams} is unreadable: not a JSON object')
+    changed = _changed_settings(previous, hparams)
+    if changed:
+        raise ValueError(
+            f'{paths.root} holds a run with other settings ({", ".join(changed)}); '
+            'use another --experiment_name')
+
 
 def prepare_experiment(
     *, root_output_dir: str | os.PathLike, experiment_name: str, hparams: Mapping[str, Any]
@@ -57,7 +208,8 @@ def prepare_experiment(
     """Creates the experiment folder and records (or checks) its hparams.
 
     A folder that already holds a run with other settings is refused, so a
-    resumed run cannot silently mix two configurations.
+    resumed run cannot silently mix two configurations. Hold the folder's
+    `lock_experiment` lock around this and the run.
 
     Args:
       root_output_dir: The root of all experiments.
@@ -69,10 +221,10 @@ def prepare_experiment(
 
     Raises:
       OSError: If the folder cannot be created or written.
-      ValueError: If the folder holds a run with different settings.
+      ValueError: If the name is invalid or the folder holds a run with
+        different settings.
     """
-    if not experiment_name or os.sep in experiment_name:
-        raise ValueError(f'invalid experiment name {experiment_name!r}')
+    check_experiment_name(experiment_name)
     root = pathlib.Path(root_output_dir) / experiment_name
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -81,24 +233,27 @@ def prepare_experiment(
     if not os.access(root, os.W_OK | os.X_OK):
         raise OSError(f'output folder {root} is not writable')
     paths = ExperimentPaths(root)
-    hparams = dict(hparams)
-    if paths.hparams.exists():
-        try:
-            previous = json.loads(paths.hparams.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f'{paths.hparams} is unreadable: {e}') from e
-        changed = sorted(
-            k
-            for k in set(previous) | set(hparams)
-            if k not in RESUMABLE_CHANGES and previous.get(k) != hparams.get(k)
-        )
-        if changed:
-            raise ValueError(
-                f'{root} holds a run with other settings ({", ".join(changed)}); '
-                'use another --experiment_name'
-            )
-    try:
-        paths.hparams.write_text(json.dumps(hparams, indent=2, sort_keys=True) + '\n')
-    except OSError as e:
-        raise OSError(f'cannot write {paths.hparams}: {e.strerror or e}') from e
+    check_hparams(paths, hparams)
+    write_atomically(paths.hparams, json.dumps(dict(hparams), indent=2, sort_keys=True) + '\n')
     return paths
+
+
+def write_atomically(path: pathlib.Path, text: str) -> None:
+    """Replaces `path` with `text` whole, or leaves it as it was.
+
+    Raises:
+      OutputError: If it cannot be written (one line naming the file).
+    """
+    temp = path.with_name(f'{path.name}.{os.getpid()}.tmp')
+    try:
+        with open(temp, 'w', encoding='utf-8') as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except OSError as e:
+        try:
+            temp.unlink()
+        except OSError:
+            pass
+        raise OutputError(f'cannot write {path}: {e.strerror or e}') from None

@@ -1,9 +1,11 @@
-"""TensorBoard's hparams dashboard and the item-embedding projector.
+"""TensorBoard: per-round scalars, the hparams dashboard and the projector.
 
-Scalars go through TFF's TensorBoardReleaseManager; these two plugins need
-their own files, written with TensorBoard's plugin APIs. Everything lands in
-the one log folder the scalars use, so `tensorboard --logdir <that folder>`
-shows every plugin:
+Scalars go through `ScalarReleaseManager`, a `tff.program.ReleaseManager`
+like TFF's `TensorBoardReleaseManager` that also marks where a run resumes
+(TensorBoard then drops the steps an interrupted run had written). The other
+plugins need their own files, written with TensorBoard's plugin APIs.
+Everything lands in the one log folder the scalars use, so `tensorboard
+--logdir <that folder>` shows every plugin:
 
 - hparams: `hparams_config` (the declared metrics and settings, key settings
   first) and the session (this run's settings, named by the experiment) in one
@@ -19,12 +21,71 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 import os
 import pathlib
+import time
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+import tensorflow_federated as tff
+from tensorboard.compat.proto import event_pb2
 from tensorboard.plugins import projector
 from tensorboard.plugins.hparams import api as hparams_api
+import tree
+# `import_event` writes a whole Event proto; no public tf.summary API does.
+from tensorflow.python.ops import summary_ops_v2  # pylint: disable=g-direct-tensorflow-import
+
+
+class ScalarReleaseManager(tff.program.ReleaseManager):
+    """Releases each round's metrics as TensorBoard scalars, step = round.
+
+    A run resumed from an older checkpoint writes again the rounds after it;
+    its event file starts with a `SessionLog.START` event at the first round
+    it writes, and TensorBoard then drops the steps from that round on that
+    the interrupted run had written (its orphaned-data purge), so every round
+    shows once, with the resumed run's values. TensorBoard's reader takes the
+    first START of a folder as its beginning and purges on the later ones, so
+    two are written (also right for folders written before this marker).
+    The marker must come before the run's scalars in reading order, hence
+    one writer for both (TFF's manager keeps its writer private).
+    """
+
+    def __init__(self, summary_dir: os.PathLike | str, *, first_step: int):
+        """Opens the event file and marks the run's start.
+
+        Args:
+          summary_dir: The TensorBoard folder.
+          first_step: The first round this run releases.
+        """
+        self._writer = tf.summary.create_file_writer(str(summary_dir))
+        start = event_pb2.Event(
+            step=int(first_step), wall_time=time.time(),
+            session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
+        with self._writer.as_default():
+            for _ in range(2):
+                summary_ops_v2.import_event(tf.constant(start.SerializeToString()))
+        self._writer.flush()
+
+    async def release(self, value: Any, key: int) -> None:
+        """Writes every number of `value` at step `key` and flushes.
+
+        Args:
+          value: A nested structure of numbers (names joined by '/').
+          key: The round.
+        """
+        with self._writer.as_default():
+            for path, leaf in tree.flatten_with_path(value):
+                array = np.asarray(leaf)
+                if array.dtype.kind not in 'biuf':
+                    continue
+                name = '/'.join(map(str, path))
+                if array.shape:
+                    tf.summary.histogram(name, array, step=key)
+                else:
+                    tf.summary.scalar(name, array, step=key)
+        self._writer.flush()  # Write errors (a full disk) surface here.
+
+    def close(self) -> None:
+        self._writer.close()
 
 from tff_fedrecgel.data.preprocess import Split
 

@@ -1,17 +1,42 @@
 """The round loop of a simulation run, with releases and checkpoints.
 
-Metrics go out through TFF's program release managers (TensorBoard and CSV,
-one merged value per round, since the CSV manager drops rows at or after the
-released key), checkpoints through `tff.program.FileProgramStateManager`.
+Nothing a finished round produced is lost, and a fault leaves a run that
+resumes to the same numbers:
+
+* metrics rows are kept in memory and in every checkpoint; `metrics.csv` is
+  rewritten whole (to a temporary file, then renamed) after each round and
+  never read back, so a file deleted or garbled mid-run is whole again after
+  the next round, and a resumed run rewrites it from its checkpoint's rows;
+* TensorBoard scalars go through `tensorboard_extras.ScalarReleaseManager`:
+  the rounds a resumed run writes again replace the interrupted run's;
+* checkpoints go through `tff.program.FileProgramStateManager`; an
+  unreadable one is set aside (`unreadable_*`, the newest kept for a look)
+  and the previous one used; folders of writes cut short are removed;
+* writes run with SIGINT/SIGTERM held back (`runtime.deferred_signals`), and
+  their I/O errors (a full disk) become one-line `OutputError`s;
+* a round in which every client was dropped, or after which the global
+  weights are not finite, stops the run (`TrainingStoppedError`) before
+  anything of it is released or saved: the last checkpoint stays the last
+  good state.
+
+Hold the experiment's lock (`outputs.lock_experiment`) while running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+import contextlib
+import csv
+import errno
+import io
 import json
 import math
+import os
+import re
+import shutil
+import sys
 import time
 from typing import Any
 
@@ -20,16 +45,28 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 import tqdm
+import tree
 
 from tff_fedrecgel import ranking
 from tff_fedrecgel import runtime
 from tff_fedrecgel.models import neumf
 from tff_fedrecgel.program import tensorboard_extras
 from tff_fedrecgel.program.outputs import ExperimentPaths
+from tff_fedrecgel.program.outputs import OutputError
+from tff_fedrecgel.program.outputs import write_atomically
 from tff_fedrecgel.simulation import Simulation
 
 METRIC_NAMES = tuple(ranking.metric_names())
 SELECT_ON = 'hr@10'
+KEY_COLUMN = 'round'
+
+
+class TrainingStoppedError(ValueError):
+    """Training cannot go on (no client contributed, or weights not finite).
+
+    Nothing of the failing round is released or saved; the run's latest
+    checkpoint is its last good state.
+    """
 
 
 def _empty_best() -> collections.OrderedDict:
@@ -48,10 +85,102 @@ def _update_best(best, round_num, score, test_metrics):
     return best
 
 
+# Errors of the file system that TensorFlow reports inside longer messages.
+_OS_REASONS = tuple(os.strerror(code) for code in (
+    errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO, errno.ENOENT))
+
+
+def _first_line(error: BaseException) -> str:
+    """The reason of an error, on one line and without TensorFlow's noise."""
+    if isinstance(error, tf.errors.OpError):
+        text = re.sub(r'\{\{[^}]*\}\}', '', error.message)
+        for reason in _OS_REASONS:
+            if reason in text:
+                return reason
+    elif isinstance(error, OSError) and error.strerror:
+        text = error.strerror
+    else:
+        text = str(error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+@contextlib.contextmanager
+def _writing(what: str) -> Iterator[None]:
+    """Holds signals back during a write; its I/O errors become one line."""
+    try:
+        with runtime.deferred_signals():
+            yield
+    except OutputError:
+        raise
+    except (OSError, tf.errors.OpError) as e:
+        raise OutputError(f'cannot write {what}: {_first_line(e)}') from None
+
+
+class _MetricsLog:
+    """Every finished round's row; `metrics.csv` is rewritten from it whole.
+
+    Columns: `round`, then the flattened names (`train/loss`, `test/hr@10`,
+    ...) in first-seen order; values as TFF's CSV release manager writes them.
+    """
+
+    def __init__(self, path, rows: list[dict[str, Any]]):
+        self._path = path
+        self.rows = list(rows)
+
+    def add(self, round_num: int, released: Mapping[str, Any]) -> None:
+        row = {KEY_COLUMN: int(round_num)}
+        for path, value in tree.flatten_with_path(released):
+            row['/'.join(map(str, path))] = np.asarray(value).tolist()
+        self.rows = [r for r in self.rows if r[KEY_COLUMN] < round_num] + [row]
+
+    def write(self) -> None:
+        columns = list(dict.fromkeys(k for row in self.rows for k in row)) or [KEY_COLUMN]
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(self.rows)
+        write_atomically(self._path, text.getvalue())
+
+    def to_state(self) -> np.ndarray:
+        return np.array(json.dumps(self.rows))
+
+    @staticmethod
+    def from_state(value) -> list[dict[str, Any]]:
+        value = value.item() if isinstance(value, np.ndarray) else value
+        if isinstance(value, bytes):
+            value = value.decode('utf-8')
+        return json.loads(value)
+
+
+def _rows_from_csv(path, up_to: int) -> list[dict[str, Any]]:
+    """Rows of rounds <= `up_to` of a metrics.csv (checkpoints made before
+    the rows were kept in them); [] if it is missing or unreadable."""
+    try:
+        with open(path, newline='', encoding='utf-8') as f:
+            rows = list(csv.DictReader(f))
+        out = []
+        for row in rows:
+            parsed = {KEY_COLUMN: int(row[KEY_COLUMN])}
+            parsed.update({k: float(v) for k, v in row.items()
+                           if k != KEY_COLUMN and v not in ('', None)})
+            if parsed[KEY_COLUMN] <= up_to:
+                out.append(parsed)
+        return out
+    except (OSError, KeyError, TypeError, ValueError, csv.Error):
+        return []
+
+
+def _warn(message: str) -> None:
+    logging.warning('%s', message)
+    print(f'warning: {message}', file=sys.stderr, flush=True)
+
+
 class _Checkpoints:
     """Program states, falling back to an older one when the latest is bad."""
 
     _PREFIX = 'program_state_'
+    _UNREADABLE = 'unreadable_'
 
     def __init__(self, paths: ExperimentPaths, loop: asyncio.AbstractEventLoop):
         self._loop = loop
@@ -59,35 +188,90 @@ class _Checkpoints:
         self._manager = tff.program.FileProgramStateManager(
             str(paths.checkpoints), prefix=self._PREFIX, keep_total=3, keep_first=False
         )
+        self._prune()
 
-    def _set_aside(self, version: int) -> None:
+    def _prune(self) -> None:
+        """Removes folders of saves cut short and all but the newest
+        unreadable checkpoint (the run holds the folder's lock: no save is
+        in progress)."""
+        stale = [p for p in self._root.glob(f'{self._PREFIX}*_temp*') if p.is_dir()]
+        unreadable = sorted(
+            (p for p in self._root.glob(f'{self._UNREADABLE}*') if p.is_dir()),
+            key=lambda p: p.stat().st_mtime)
+        for path in stale + unreadable[:-1]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _set_aside(self, version: int) -> str:
         """Renames an unreadable checkpoint so the round can be saved again."""
         path = self._root / f'{self._PREFIX}{version}'
-        target = self._root / f'unreadable_{self._PREFIX}{version}_{int(time.time())}'
+        target = self._root / f'{self._UNREADABLE}{self._PREFIX}{version}_{int(time.time())}'
         path.rename(target)
+        return target.name
 
     def save(self, state, round_num: int) -> None:
-        self._loop.run_until_complete(self._manager.save(state, round_num))
+        with _writing(f'the checkpoint of round {round_num} in {self._root}'):
+            self._loop.run_until_complete(self._manager.save(state, round_num))
 
-    def load_latest(self, structure) -> tuple[Any, int]:
-        versions = self._loop.run_until_complete(self._manager.get_versions()) or []
-        for version in sorted(versions, reverse=True):
-            try:
-                state = self._loop.run_until_complete(
-                    self._manager.load(version, structure)
-                )
-                return state, version
-            except Exception as e:  # pylint: disable=broad-except
-                # A run killed while writing leaves a partial SavedModel.
-                logging.warning(
-                    'checkpoint of round %d is unreadable (%s); trying an older one',
-                    version,
-                    str(e).splitlines()[0] if str(e) else type(e).__name__,
-                )
-                self._set_aside(version)
-                print(f'warning: checkpoint of round {version} is unreadable '
-                      '(kept as unreadable_*); using an older one', flush=True)
-        return None, 0
+    def load_latest(self, structures) -> tuple[Any, int, int]:
+        """The latest readable state; (None, 0, -1) when there is none.
+
+        Args:
+          structures: Candidate structures, current first (older checkpoints
+            may have an older structure).
+
+        Returns:
+          (state, version, index of the structure that fitted).
+        """
+        versions = sorted(
+            self._loop.run_until_complete(self._manager.get_versions()) or [], reverse=True)
+        for i, version in enumerate(versions):
+            error = None
+            for index, structure in enumerate(structures):
+                try:
+                    state = self._loop.run_until_complete(
+                        self._manager.load(version, structure))
+                    return state, version, index
+                except Exception as e:  # pylint: disable=broad-except
+                    # A run killed while writing leaves a partial SavedModel.
+                    error = error or e
+            kept_as = self._set_aside(version)
+            older = versions[i + 1:]
+            then = (f'trying the checkpoint of round {older[0]}' if older
+                    else 'no older checkpoint: starting from round 0')
+            _warn(f'checkpoint of round {version} is unreadable ({_first_line(error)}); '
+                  f'kept as {kept_as}; {then}')
+        return None, 0, -1
+
+
+def _program_state(simulation, best_test, best_valid, train_seconds, eval_seconds,
+                   metrics: _MetricsLog | None = None, legacy: bool = False):
+    state = collections.OrderedDict(
+        simulation=simulation.get_state(),
+        best_test=best_test,
+        best_valid=best_valid,
+        train_seconds=np.float64(train_seconds),
+        eval_seconds=np.float64(eval_seconds),
+    )
+    if not legacy:
+        state['metrics_rows'] = metrics.to_state() if metrics else np.array('[]')
+    return state
+
+
+def _check_round(simulation, train: Mapping[str, float], round_num: int,
+                 last_checkpoint: int) -> None:
+    """Stops a run that no longer trains (see `TrainingStoppedError`)."""
+    kept = (f'the checkpoint of round {last_checkpoint} is kept' if last_checkpoint
+            else 'no checkpoint was made yet')
+    clients, dropped = train.get('clients'), train.get('dropped_clients')
+    if clients and dropped is not None and dropped >= clients:
+        raise TrainingStoppedError(
+            f'round {round_num}: every client\'s update was non-finite ({int(dropped)} '
+            f'of {int(clients)} dropped), so nothing trains; stopped ({kept}); lower '
+            'the learning rates or the SAM radii')
+    if not all(np.isfinite(w).all() for w in simulation.global_weights):
+        raise TrainingStoppedError(
+            f'round {round_num}: the global weights are no longer finite (NaN or '
+            f'inf); stopped ({kept}); lower the learning rates or the SAM radii')
 
 
 def run_training(
@@ -124,6 +308,12 @@ def run_training(
 
     Returns:
       The summary dictionary (also written to `summary.json`).
+
+    Raises:
+      ValueError: On bad arguments.
+      TrainingStoppedError: If a round leaves nothing trained or non-finite
+        weights.
+      OutputError: If an output cannot be written (e.g. a full disk).
     """
     if total_rounds < 1 or rounds_per_eval < 1 or rounds_per_checkpoint < 0:
         raise ValueError(
@@ -140,104 +330,134 @@ def run_training(
         loop.close()
 
 
+def _restore(simulation, checkpoints, paths):
+    """Resumes from the latest readable checkpoint; returns its state, round
+    and metrics rows (fresh values when there is none)."""
+    fresh = _program_state(simulation, _empty_best(), _empty_best(), 0.0, 0.0)
+    legacy = _program_state(simulation, _empty_best(), _empty_best(), 0.0, 0.0, legacy=True)
+    restored, version, index = checkpoints.load_latest([fresh, legacy])
+    if restored is None:
+        return fresh, 0, []
+    simulation.restore(restored['simulation'])
+    logging.info('resumed from the checkpoint of round %d', version)
+    print(f'resuming from the checkpoint of round {version}', flush=True)
+    if index == 0:
+        rows = _MetricsLog.from_state(restored['metrics_rows'])
+    else:
+        rows = _rows_from_csv(paths.metrics_csv, up_to=version)
+        if len(rows) < version:
+            _warn(f'the checkpoint of round {version} predates metrics rows in '
+                  f'checkpoints and metrics.csv holds {len(rows)} of its rounds')
+    return restored, version, rows
+
+
+def _prune_temporary_files(paths: ExperimentPaths) -> None:
+    """Removes temporary files of writes cut short (`write_atomically`'s and
+    those of TFF's CSV release manager, which earlier versions used)."""
+    for pattern in ('*.*.tmp', 'metrics.csv_temp*'):
+        for path in paths.root.glob(pattern):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
 def _run(simulation, loop, paths, total_rounds, rounds_per_eval,
          rounds_per_checkpoint, hparams, validation, progress, on_round_end,
          extra_train_metrics=None, extra_summary=None):
+    _prune_temporary_files(paths)
     checkpoints = _Checkpoints(paths, loop)
     simulation.initialize()
-    program_state = collections.OrderedDict(
-        simulation=simulation.get_state(),
-        best_test=_empty_best(),
-        best_valid=_empty_best(),
-        train_seconds=np.float64(0.0),
-        eval_seconds=np.float64(0.0),
-    )
-    restored, version = checkpoints.load_latest(program_state)
-    if restored is not None:
-        simulation.restore(restored['simulation'])
-        program_state = restored
-        logging.info('resumed from the checkpoint of round %d', version)
-        print(f'resuming from the checkpoint of round {version}', flush=True)
+    program_state, last_checkpoint, rows = _restore(simulation, checkpoints, paths)
     best_test, best_valid = program_state['best_test'], program_state['best_valid']
     train_seconds = float(program_state['train_seconds'])
     eval_seconds = float(program_state['eval_seconds'])
 
-    csv_manager = tff.program.CSVFileReleaseManager(
-        str(paths.metrics_csv), key_fieldname='round'
-    )
-    tb_manager = tff.program.TensorBoardReleaseManager(str(paths.tensorboard))
-    # Written again on a resume, so the dashboard shows the current settings.
-    tensorboard_extras.write_hparams(
-        paths.tensorboard, hparams=hparams, trial_id=paths.root.name,
-        metric_tags=_dashboard_metrics(validation))
-
+    metrics = _MetricsLog(paths.metrics_csv, rows)
+    with _writing(str(paths.metrics_csv)):
+        # Drops rows of rounds after the checkpoint (run again below) and
+        # restores a file deleted or garbled since.
+        metrics.write()
     start_round = simulation.round_num + 1
+    with _writing(f'TensorBoard events in {paths.tensorboard}'):
+        paths.tensorboard.mkdir(parents=True, exist_ok=True)
+        tb_manager = tensorboard_extras.ScalarReleaseManager(
+            paths.tensorboard, first_step=start_round)
+        # Written again on a resume, so the dashboard shows the current settings.
+        tensorboard_extras.write_hparams(
+            paths.tensorboard, hparams=hparams, trial_id=paths.root.name,
+            metric_tags=_dashboard_metrics(validation))
+
     bar = tqdm.tqdm(
         total=total_rounds, initial=simulation.round_num, disable=not progress,
         unit='round', dynamic_ncols=True,
     )
     test_metrics = None
-    for round_num in range(start_round, total_rounds + 1):
-        train = simulation.run_round()
-        if extra_train_metrics is not None:
-            train.update(extra_train_metrics(round_num))
-        train_seconds += train['round_seconds']
-        released = collections.OrderedDict(train=train)
-        if round_num % rounds_per_eval == 0 or round_num == total_rounds:
-            eval_start = time.perf_counter()
-            test_metrics = simulation.evaluate('test')
-            released['test'] = test_metrics
-            best_test = _update_best(best_test, round_num, test_metrics[SELECT_ON], test_metrics)
-            if validation:
-                valid_metrics = simulation.evaluate('valid')
-                released['valid'] = valid_metrics
-                best_valid = _update_best(
-                    best_valid, round_num, valid_metrics[SELECT_ON], test_metrics
-                )
-            released['eval_seconds'] = time.perf_counter() - eval_start
-            eval_seconds += released['eval_seconds']
-        loop.run_until_complete(csv_manager.release(released, key=round_num))
-        loop.run_until_complete(tb_manager.release(released, key=round_num))
-        if on_round_end is not None:
-            on_round_end(round_num, released)
-        bar.set_postfix(
-            {'hr@10': f'{test_metrics["hr@10"]:.4f}' if test_metrics else '-',
-             'loss': f'{train["loss"]:.4f}'},
-            refresh=False,
-        )
-        bar.update(1)
-        checkpoint_due = rounds_per_checkpoint and (
-            round_num % rounds_per_checkpoint == 0 or round_num == total_rounds
-        )
-        if checkpoint_due:
-            checkpoints.save(
-                collections.OrderedDict(
-                    simulation=simulation.get_state(),
-                    best_test=best_test,
-                    best_valid=best_valid,
-                    train_seconds=np.float64(train_seconds),
-                    eval_seconds=np.float64(eval_seconds),
-                ),
-                round_num,
+    try:
+        for round_num in range(start_round, total_rounds + 1):
+            train = simulation.run_round()
+            _check_round(simulation, train, round_num, last_checkpoint)
+            if extra_train_metrics is not None:
+                train.update(extra_train_metrics(round_num))
+            train_seconds += train['round_seconds']
+            released = collections.OrderedDict(train=train)
+            if round_num % rounds_per_eval == 0 or round_num == total_rounds:
+                eval_start = time.perf_counter()
+                test_metrics = simulation.evaluate('test')
+                released['test'] = test_metrics
+                best_test = _update_best(best_test, round_num, test_metrics[SELECT_ON], test_metrics)
+                if validation:
+                    valid_metrics = simulation.evaluate('valid')
+                    released['valid'] = valid_metrics
+                    best_valid = _update_best(
+                        best_valid, round_num, valid_metrics[SELECT_ON], test_metrics
+                    )
+                released['eval_seconds'] = time.perf_counter() - eval_start
+                eval_seconds += released['eval_seconds']
+            metrics.add(round_num, released)
+            with _writing(str(paths.metrics_csv)):
+                metrics.write()
+            with _writing(f'TensorBoard events in {paths.tensorboard}'):
+                loop.run_until_complete(tb_manager.release(released, key=round_num))
+            if on_round_end is not None:
+                on_round_end(round_num, released)
+            bar.set_postfix(
+                {'hr@10': f'{test_metrics["hr@10"]:.4f}' if test_metrics else '-',
+                 'loss': f'{train["loss"]:.4f}'},
+                refresh=False,
             )
-    bar.close()
+            bar.update(1)
+            checkpoint_due = rounds_per_checkpoint and (
+                round_num % rounds_per_checkpoint == 0 or round_num == total_rounds
+            )
+            if checkpoint_due:
+                checkpoints.save(
+                    _program_state(simulation, best_test, best_valid, train_seconds,
+                                   eval_seconds, metrics),
+                    round_num,
+                )
+                last_checkpoint = round_num
+    finally:
+        bar.close()
+        with contextlib.suppress(Exception):
+            tb_manager.close()
 
     if test_metrics is None and simulation.round_num > 0:
         # Resumed at or past total_rounds: report the current model.
         test_metrics = simulation.evaluate('test')
     item_gmf, item_mlp, _, _ = neumf.split_global_weights(
-        simulation.model_config, simulation.global_weights)
-    tensorboard_extras.write_item_projector(
-        paths.tensorboard, split=simulation.split,
-        item_tables={'item_gmf': item_gmf} if item_mlp is None else {
-            'item_gmf': item_gmf, 'item_mlp': item_mlp})
+        simulation.algorithm.model_config, simulation.global_weights)
+    with _writing(f'the item projector in {paths.tensorboard}'):
+        tensorboard_extras.write_item_projector(
+            paths.tensorboard, split=simulation.split,
+            item_tables={'item_gmf': item_gmf} if item_mlp is None else {
+                'item_gmf': item_gmf, 'item_mlp': item_mlp})
     summary = _summary(
         simulation, best_test, best_valid, validation, test_metrics,
         train_seconds, eval_seconds,
     )
     if extra_summary is not None:
         summary.update(extra_summary(simulation.round_num))
-    paths.summary.write_text(json.dumps(summary, indent=2) + '\n')
+    with _writing(str(paths.summary)):
+        write_atomically(paths.summary, json.dumps(summary, indent=2) + '\n')
     return summary
 
 
