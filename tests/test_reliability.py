@@ -448,10 +448,11 @@ class _BreakingSimulation:
             if self._how == 'all_dropped':
                 train['dropped_clients'] = train['clients']
             else:
-                state = self._inner.server_state
-                weights = list(state['global_weights'])
+                algorithm = self._inner.algorithm
+                weights = list(algorithm.server_state.global_weights)
                 weights[0] = np.full_like(weights[0], np.nan)
-                state['global_weights'] = weights
+                algorithm.server_state = algorithm.server_state._replace(
+                    global_weights=weights)
         return train
 
     @property
