@@ -17,7 +17,7 @@ from tff_fedrecgel.errors import DataError
 PathLike = Union[str, os.PathLike]
 
 # Bump when the preprocessing changes results, to invalidate cached splits.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the authors' tie rule (first-appearing item wins).
 
 
 @dataclasses.dataclass(frozen=True)
