@@ -36,7 +36,13 @@ RHO_NS = flags.DEFINE_float(
     'rho_ns', None, 'SAM radius of the local (user) part (default: task\'s).')
 LOCAL_LR = flags.DEFINE_float(
     'local_lr', 0.1, 'Learning rate of the client Adam on the user embedding.')
-SERVER_LR = flags.DEFINE_float('server_lr', 0.001, 'Server Adam learning rate.')
+SERVER_LR = flags.DEFINE_float('server_lr', 0.001, 'Server learning rate.')
+SERVER_OPTIMIZER = flags.DEFINE_enum(
+    'server_optimizer', 'adam', ['adam', 'yogi', 'adagrad', 'sgdm', 'sgd'],
+    'Server optimizer on the averaged update (tff.learning.optimizers): adam '
+    '(the authors\'), yogi, adagrad, sgdm (momentum 0.9) or sgd.')
+NUM_NEGATIVES = flags.DEFINE_integer(
+    'num_negatives', 4, 'Training negatives per positive in a client\'s batch.')
 LOCAL_STATE = flags.DEFINE_enum(
     'local_state', 'persistent', ['persistent', 'reconstruct'],
     'persistent: each user keeps its embedding and Adam state across rounds; '
@@ -105,6 +111,31 @@ def client_work_config(task: tasks.Task):
         reconstruction_steps=RECONSTRUCTION_STEPS.value, update=UPDATE.value,
         local_epochs=LOCAL_EPOCHS.value, client_lr=CLIENT_LR.value,
         client_weighting=CLIENT_WEIGHTING.value)
+
+
+def server_optimizer():
+    """The `tff.learning.optimizers` optimizer of --server_optimizer.
+
+    Returns:
+      None for adam (the library's default server Adam at --server_lr).
+
+    Raises:
+      ValueError: If --server_lr is not positive.
+    """
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+    lr = SERVER_LR.value
+    if lr <= 0:
+        raise ValueError('--server_lr must be positive')
+    builders = {
+        'adam': lambda: None,
+        'yogi': lambda: tff.learning.optimizers.build_yogi(learning_rate=lr),
+        'adagrad': lambda: tff.learning.optimizers.build_adagrad(learning_rate=lr),
+        'sgdm': lambda: tff.learning.optimizers.build_sgdm(learning_rate=lr,
+                                                          momentum=0.9),
+        'sgd': lambda: tff.learning.optimizers.build_sgdm(learning_rate=lr),
+    }
+    return builders[SERVER_OPTIMIZER.value]()
 
 
 def model_config(num_items: int):

@@ -117,6 +117,8 @@ def _settings(task) -> dict:
         'rho_ns': float(rho_ns),
         'local_lr': algo.LOCAL_LR.value,
         'server_lr': algo.SERVER_LR.value,
+        'server_optimizer': algo.SERVER_OPTIMIZER.value,
+        'num_negatives': algo.NUM_NEGATIVES.value,
         'local_state': algo.LOCAL_STATE.value,
         'reconstruction_steps': algo.RECONSTRUCTION_STEPS.value,
         'loss_reduction': algo.LOSS_REDUCTION.value,
@@ -203,7 +205,8 @@ def _check_fedrecon(settings: dict) -> None:
     """Refuses flags FedRecon has no use for; records what it does."""
     unused = [f'--{name}' for name in (
         'local_state', 'loss_reduction', 'update', 'local_epochs', 'client_lr',
-        'client_weighting', 'workers', 'sharpness_probe')
+        'client_weighting', 'workers', 'sharpness_probe', 'server_optimizer',
+        'num_negatives')
         if flags.FLAGS[name].present]
     if 'secure_aggregation' in settings:
         unused.append('DP / secure aggregation')
@@ -218,6 +221,8 @@ def main(argv: list[str]) -> int:
     del argv  # Stray arguments are refused by _entry.run_main.
     task = algo.selected_task()
     settings = _settings(task)
+    if settings['num_negatives'] < 0:
+        raise ValueError('--num_negatives must be >= 0')
     if settings['total_rounds'] < 1 or settings['rounds_per_eval'] < 1:
         raise ValueError('--total_rounds and --rounds_per_eval must be >= 1')
     if settings['rounds_per_checkpoint'] < 0:
@@ -281,7 +286,9 @@ def main(argv: list[str]) -> int:
         simulation = FedRecSimulation(
             split=split, model_config=model_config, work=work,
             clients_per_round=clients, seed=settings['seed'],
-            server_lr=settings['server_lr'], vectorized=vectorized,
+            server_lr=settings['server_lr'],
+            server_optimizer=algo.server_optimizer(),
+            num_negatives=settings['num_negatives'], vectorized=vectorized,
             max_group_examples=settings['max_group_examples'],
             model_aggregator=aggregator, workers=_WORKERS.value,
             sharpness_probe=settings['sharpness_probe'])

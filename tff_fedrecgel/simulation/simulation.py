@@ -66,6 +66,7 @@ class FedRecSimulation:
         clients_per_round: int,
         seed: int = 0,
         server_lr: float = 0.001,
+        server_optimizer=None,
         num_negatives: int = 4,
         model_aggregator=None,
         vectorized: bool = False,
@@ -82,6 +83,8 @@ class FedRecSimulation:
           clients_per_round: Cohort size (fixed, so TFF never retraces).
           seed: Seed of sampling, negatives and initial weights.
           server_lr: Learning rate of the server Adam.
+          server_optimizer: Optional `tff.learning.optimizers` optimizer for
+            the server; overrides the Adam of `server_lr`.
           num_negatives: Training negatives per positive.
           model_aggregator: Optional `tff.aggregators` factory for the update.
           vectorized: Simulate several users per TFF client, vectorized
@@ -101,8 +104,9 @@ class FedRecSimulation:
             The probe's own updates are discarded: training is unchanged.
 
         Raises:
-          ValueError: On inconsistent sizes, or `model_aggregator` with
-            `workers` (only the default mean is split across workers).
+          ValueError: On inconsistent sizes, or `model_aggregator` or
+            `server_optimizer` with `workers` (only the defaults are split
+            across workers).
           WorkerError: If a worker does not answer.
         """
         if model_config.num_items != split.num_items:
@@ -140,6 +144,9 @@ class FedRecSimulation:
                 raise ValueError(
                     'a custom model_aggregator (e.g. DP) is not supported with '
                     '--workers; only the default mean is split across workers')
+            if server_optimizer is not None:
+                raise ValueError('a server optimizer other than Adam is not '
+                                 'supported with --workers')
             self.workers = workers_lib.MultiWorkerRound(
                 workers=workers, model_config=model_config, work=work,
                 server_lr=server_lr, vectorized=vectorized)
@@ -147,6 +154,7 @@ class FedRecSimulation:
             model_config=model_config,
             work=work,
             server_lr=server_lr,
+            server_optimizer=server_optimizer,
             model_aggregator=model_aggregator,
             init_seed=seed,
             vectorized=vectorized,
@@ -158,7 +166,8 @@ class FedRecSimulation:
                 model_config=model_config,
                 work=dataclasses.replace(work, rho_sh=sharpness_probe,
                                          rho_ns=sharpness_probe),
-                server_lr=server_lr, init_seed=seed, vectorized=vectorized).next
+                server_lr=server_lr, server_optimizer=server_optimizer,
+                init_seed=seed, vectorized=vectorized).next
         self._sample = tff.simulation.build_uniform_sampling_fn(
             range(split.num_users), replace=False, random_seed=seed
         )
