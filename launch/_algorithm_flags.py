@@ -23,7 +23,13 @@ RHO_NS = flags.DEFINE_float(
     'rho_ns', None, 'SAM radius of the local (user) part (default: task\'s).')
 LOCAL_LR = flags.DEFINE_float(
     'local_lr', 0.1, 'Learning rate of the client Adam on the user embedding.')
-SERVER_LR = flags.DEFINE_float('server_lr', 0.001, 'Server Adam learning rate.')
+SERVER_LR = flags.DEFINE_float('server_lr', 0.001, 'Server learning rate.')
+SERVER_OPTIMIZER = flags.DEFINE_enum(
+    'server_optimizer', 'adam', list(methods.SERVER_OPTIMIZERS),
+    'Server optimizer on the averaged update (tff.learning.optimizers): adam '
+    '(the authors\'), yogi, adagrad, sgdm (momentum 0.9) or sgd.')
+NUM_NEGATIVES = flags.DEFINE_integer(
+    'num_negatives', 4, 'Training negatives per positive in a client\'s batch.')
 LOCAL_STATE = flags.DEFINE_enum(
     'local_state', 'persistent', ['persistent', 'reconstruct'],
     'persistent: each user keeps its embedding and Adam state across rounds; '
@@ -75,19 +81,34 @@ def radii(task: tasks.Task) -> tuple[float, float]:
                         task.rho_ns if RHO_NS.value is None else RHO_NS.value)
 
 
-def client_work_config(task: tasks.Task):
-    """The `ClientWorkConfig` the flags describe (imports TensorFlow)."""
+PRESET = flags.DEFINE_enum(
+    'preset', 'paper', ['paper', 'tuned'],
+    'paper: SPEC.md\'s protocol; tuned: the task\'s settings chosen on the '
+    'validation item (docs/RESULTS.md). Flags given explicitly win.')
+_WORK_FIELDS = ('local_lr', 'loss_reduction', 'local_state', 'reconstruction_steps',
+                'update', 'local_epochs', 'client_lr', 'client_weighting')
+
+
+def settings(task: tasks.Task) -> dict:
+    """The algorithm settings of the flags, the task's preset filling in what
+    the command line does not set (`Task.preset`)."""
+    rho_sh, rho_ns = radii(task)
+    out = {'algorithm': ALGORITHM.value, 'preset': PRESET.value,
+           'rho_sh': rho_sh, 'rho_ns': rho_ns, 'seed': SEED.value}
+    for name in _WORK_FIELDS + ('server_lr', 'server_optimizer', 'num_negatives'):
+        out[name] = flags.FLAGS[name].value
+    for name, value in task.preset(PRESET.value).items():
+        if name not in flags.FLAGS or not flags.FLAGS[name].present:
+            out[name] = value
+    return out
+
+
+def client_work_config(settings: dict):
+    """The `ClientWorkConfig` of `settings()` (imports TensorFlow)."""
     from tff_fedrecgel.algorithms import ClientWorkConfig  # pylint: disable=g-import-not-at-top
 
-    rho_sh, rho_ns = radii(task)
-    if SERVER_LR.value <= 0:
-        raise ValueError('--server_lr must be positive')
-    return ClientWorkConfig(
-        rho_sh=rho_sh, rho_ns=rho_ns, local_lr=LOCAL_LR.value,
-        loss_reduction=LOSS_REDUCTION.value, local_state=LOCAL_STATE.value,
-        reconstruction_steps=RECONSTRUCTION_STEPS.value, update=UPDATE.value,
-        local_epochs=LOCAL_EPOCHS.value, client_lr=CLIENT_LR.value,
-        client_weighting=CLIENT_WEIGHTING.value)
+    return ClientWorkConfig(rho_sh=settings['rho_sh'], rho_ns=settings['rho_ns'],
+                            **{k: settings[k] for k in _WORK_FIELDS})
 
 
 def model_config(num_items: int):

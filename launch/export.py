@@ -39,6 +39,7 @@ from absl import flags
 
 from launch import _algorithm_flags as algo
 from launch import _data_flags
+from tff_fedrecgel import methods
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -83,9 +84,9 @@ def main(argv: list[str]) -> int:
         raise DataError('--output_dir is required')
     output_dir = _check_output_dir(_OUTPUT_DIR.value)
     algo.radii(task)  # Flag conflicts fail before the data is read.
-    if algo.ALGORITHM.value == 'fedrecon':
-        raise ValueError('--algorithm=fedrecon is TFF\'s own build_fed_recon; '
-                         'export exports the FedRecGEL family')
+    if methods.get_method(algo.ALGORITHM.value).algorithm != methods.FEDRECGEL:
+        raise ValueError(f'--algorithm={algo.ALGORITHM.value} is not of the FedRecGEL '
+                         'family, which is what export exports')
     options = _data_flags.task_options(task)
     # Only the item count is needed from the data; read it before the slow
     # TensorFlow imports so that data errors come quickly.
@@ -94,13 +95,14 @@ def main(argv: list[str]) -> int:
     _entry.tff_runtime()  # TFF's worker dies with this process.
     from tff_fedrecgel import export  # pylint: disable=g-import-not-at-top
 
-    work = algo.client_work_config(task)
+    settings = algo.settings(task)
+    work = algo.client_work_config(settings)
     model_config = algo.model_config(split.num_items)
     print(f'{task.name}: {split.num_items:,} items; {algo.ALGORITHM.value} '
           f'(rho_sh={work.rho_sh}, rho_ns={work.rho_ns}, {work.local_state} device state, '
           f'{work.update} upload); exporting to {output_dir}', flush=True)
     deployment = export.build_deployment(
-        model_config=model_config, work=work, server_lr=algo.SERVER_LR.value,
+        model_config=model_config, work=work, server_lr=settings['server_lr'],
         init_seed=algo.SEED.value)
     manifest = export.write_deployment(
         deployment, output_dir,

@@ -43,6 +43,7 @@ from absl import logging
 
 from launch import _algorithm_flags as algo
 from launch import _data_flags
+from tff_fedrecgel import methods
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # --help lists the shared flags this script uses with its own.
@@ -63,6 +64,21 @@ _CLIENTS_PER_ROUND = flags.DEFINE_integer(
     'clients_per_round', None, 'Cohort size; overrides --client_fraction.')
 _ROUNDS_PER_EVAL = flags.DEFINE_integer(
     'rounds_per_eval', 1, 'Evaluate all users every this many rounds.')
+_ROUNDS_PER_FULL_EVAL = flags.DEFINE_integer(
+    'rounds_per_full_eval', None,
+    'With --eval_protocol=full or both: rank against every item every this '
+    'many rounds (default: --rounds_per_eval).')
+_EVAL_PROTOCOL = flags.DEFINE_enum(
+    'eval_protocol', 'sampled', ['sampled', 'full', 'both'],
+    'sampled: the held-out item among 99 sampled negatives (the paper\'s; '
+    'metrics test/...); full: among every item the user did not train on '
+    '(test_full/..., with MRR: the protocol to trust); both.')
+_HELDOUT_USERS = flags.DEFINE_float(
+    'heldout_users', 0.0,
+    'Fraction of users that never train nor are sampled; each evaluation '
+    'rebuilds their embedding from their own training data '
+    '(--reconstruction_steps Adam steps, global part frozen) and reports them '
+    'as heldout/... (and heldout_full/...).')
 _ROUNDS_PER_CHECKPOINT = flags.DEFINE_integer(
     'rounds_per_checkpoint', 10, 'Checkpoint every this many rounds (0: never).')
 _SIMULATION = flags.DEFINE_enum(
@@ -106,34 +122,26 @@ _SECURE_AGGREGATION = flags.DEFINE_bool(
 
 def _settings(task) -> dict:
     """All settings of the run, from the task's defaults and the flags."""
-    rho_sh, rho_ns = algo.radii(task)
     if _CLIENTS_PER_ROUND.present and _CLIENT_FRACTION.present:
         raise ValueError('give --clients_per_round or --client_fraction, not both')
+    algorithm = algo.settings(task)
     return {
         'task': task.name,
-        'algorithm': algo.ALGORITHM.value,
         'data_dir': os.path.abspath(_data_flags.DATA_DIR.value)
         if _data_flags.DATA_DIR.value else None,
         'validation': _data_flags.VALIDATION.value,
         'total_rounds': (task.total_rounds if _TOTAL_ROUNDS.value is None
                          else _TOTAL_ROUNDS.value),
-        'client_fraction': (task.client_fraction if _CLIENT_FRACTION.value is None
-                            else _CLIENT_FRACTION.value),
+        'client_fraction': algorithm.pop('client_fraction', (
+            task.client_fraction if _CLIENT_FRACTION.value is None
+            else _CLIENT_FRACTION.value)),
         'clients_per_round': _CLIENTS_PER_ROUND.value,
-        'rho_sh': float(rho_sh),
-        'rho_ns': float(rho_ns),
-        'local_lr': algo.LOCAL_LR.value,
-        'server_lr': algo.SERVER_LR.value,
-        'local_state': algo.LOCAL_STATE.value,
-        'reconstruction_steps': algo.RECONSTRUCTION_STEPS.value,
-        'loss_reduction': algo.LOSS_REDUCTION.value,
-        'update': algo.UPDATE.value,
-        'local_epochs': algo.LOCAL_EPOCHS.value,
-        'client_lr': algo.CLIENT_LR.value,
-        'client_weighting': algo.CLIENT_WEIGHTING.value,
+        **algorithm,
+        'eval_protocol': _EVAL_PROTOCOL.value,
+        'rounds_per_full_eval': _ROUNDS_PER_FULL_EVAL.value,
+        'heldout_users': _HELDOUT_USERS.value,
         'rounds_per_eval': _ROUNDS_PER_EVAL.value,
         'rounds_per_checkpoint': _ROUNDS_PER_CHECKPOINT.value,
-        'seed': algo.SEED.value,
         'simulation': _SIMULATION.value,
         'max_group_examples': _MAX_GROUP_EXAMPLES.value,
         'sharpness_probe': _SHARPNESS_PROBE.value,
@@ -154,6 +162,11 @@ def _privacy(num_users: int):
         # A vectorized client uploads one mean per group of users.
         raise ValueError('DP and secure aggregation act on each user\'s upload; drop '
                          '--simulation=vectorized (auto runs one user per TFF client)')
+    _check_number('dp_noise_multiplier', _DP_NOISE_MULTIPLIER.value, low=0)
+    if _DP_CLIP.value is not None and not 0 < _DP_CLIP.value < math.inf:
+        raise ValueError(f'--dp_clip must be a finite positive number, got {_DP_CLIP.value}')
+    if _DP_DELTA.value is not None and not 0 < _DP_DELTA.value < 1:
+        raise ValueError(f'--dp_delta must be in (0, 1), got {_DP_DELTA.value}')
     settings = PrivacySettings(
         noise_multiplier=_DP_NOISE_MULTIPLIER.value, clip=_DP_CLIP.value,
         adaptive_clip=_DP_ADAPTIVE_CLIP.value, delta=_DP_DELTA.value,
@@ -182,18 +195,30 @@ def _privacy_pieces(privacy, clients: int, num_users: int, total_rounds: int):
     return aggregator, report
 
 
-def _check_fedrecon(settings: dict) -> None:
-    """Refuses flags FedRecon has no use for; records what it does."""
-    unused = [f'--{name}' for name in (
-        'local_state', 'loss_reduction', 'update', 'local_epochs', 'client_lr',
-        'client_weighting', 'workers', 'sharpness_probe')
-        if flags.FLAGS[name].present]
-    if 'secure_aggregation' in settings:
+# Flags each non-FedRecGEL method has no use for (it would ignore them).
+_TRAINING_FLAGS = ('local_state', 'loss_reduction', 'update', 'local_epochs', 'client_lr',
+                   'client_weighting', 'workers', 'sharpness_probe', 'server_optimizer')
+_UNUSED_FLAGS = {
+    methods.FEDRECON: _TRAINING_FLAGS + ('num_negatives',),
+    methods.ITEMPOP: _TRAINING_FLAGS + ('num_negatives', 'local_lr', 'server_lr',
+                                        'rho_sh', 'rho_ns', 'reconstruction_steps'),
+    methods.CENTRAL: _TRAINING_FLAGS + ('server_lr', 'rho_sh', 'rho_ns'),
+}
+
+
+def _check_method(settings: dict) -> None:
+    """Refuses flags the method has no use for; records what it does."""
+    kind = methods.get_method(settings['algorithm']).algorithm
+    if kind == methods.FEDRECGEL:
+        return
+    unused = [f'--{name}' for name in _UNUSED_FLAGS[kind] if flags.FLAGS[name].present]
+    if 'secure_aggregation' in settings and kind != methods.ITEMPOP:
         unused.append('DP / secure aggregation')
     if unused:
-        raise ValueError(f'--algorithm=fedrecon does not take {", ".join(unused)} '
-                         '(TFF\'s FedRecon: mean loss, no user state)')
-    settings.update(local_state='reconstruct', loss_reduction='mean')
+        raise ValueError(f'--algorithm={settings["algorithm"]} does not take '
+                         f'{", ".join(unused)}')
+    if kind == methods.FEDRECON:  # TFF's FedRecon: mean loss, no user state.
+        settings.update(local_state='reconstruct', loss_reduction='mean')
 
 
 _MAX_SEED = 2**32 - 1  # TFF's client sampling seeds numpy's RandomState.
@@ -216,9 +241,11 @@ def _check_number(name: str, value, *, low=None, low_inclusive=True,
 def _check_settings(settings: dict) -> None:
     """Every numeric setting in range, before anything is read or written."""
     for name in ('total_rounds', 'rounds_per_eval', 'clients_per_round',
-                 'reconstruction_steps', 'local_epochs', 'max_group_examples'):
+                 'reconstruction_steps', 'local_epochs', 'max_group_examples',
+                 'rounds_per_full_eval'):
         _check_number(name, settings[name], low=1)
     _check_number('rounds_per_checkpoint', settings['rounds_per_checkpoint'], low=0)
+    _check_number('num_negatives', settings['num_negatives'], low=0)
     _check_number('client_fraction', settings['client_fraction'], low=0,
                   low_inclusive=False, high=1)
     for name in ('local_lr', 'server_lr', 'client_lr', 'sharpness_probe'):
@@ -226,6 +253,7 @@ def _check_settings(settings: dict) -> None:
     for name in ('rho_sh', 'rho_ns'):
         _check_number(name, settings[name], low=0)
     _check_number('seed', settings['seed'], low=0, high=_MAX_SEED)
+    _check_number('heldout_users', settings['heldout_users'], low=0, high=0.9)
     _check_number('data_seed', settings.get('data_seed'), low=0, high=_MAX_SEED)
 
 
@@ -260,17 +288,19 @@ def main(argv: list[str]) -> int:
     split = task.load_split(
         data_dir=_data_flags.DATA_DIR.value, validation=settings['validation'],
         **_data_flags.task_options(task))
+    from tff_fedrecgel.data.client_data import heldout_users_for  # pylint: disable=g-import-not-at-top
+    population = split.num_users - len(heldout_users_for(split.num_users,
+                                                         settings['heldout_users']))
     if settings['clients_per_round'] is not None:
-        if settings['clients_per_round'] > split.num_users:
-            raise ValueError(f'--clients_per_round must be <= {split.num_users} '
-                             f'(the users), got {settings["clients_per_round"]}')
+        if settings['clients_per_round'] > population:
+            raise ValueError(f'--clients_per_round must be <= {population} '
+                             f'(the training users), got {settings["clients_per_round"]}')
         clients = settings['clients_per_round']
     else:
-        clients = max(1, int(settings['client_fraction'] * split.num_users))
+        clients = max(1, int(settings['client_fraction'] * population))
     privacy = _privacy(split.num_users)
     settings.update(privacy.hparams(num_users=split.num_users))
-    if settings['algorithm'] == 'fedrecon':
-        _check_fedrecon(settings)
+    _check_method(settings)
     if _WORKERS.value and 'secure_aggregation' in settings:
         raise ValueError('DP and secure aggregation are not supported with --workers')
     if _WORKERS.value:
@@ -291,7 +321,7 @@ def _train(task, settings: dict, split, clients: int, vectorized: bool, privacy,
     from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel import simulation  # pylint: disable=g-import-not-at-top
 
-    work = algo.client_work_config(task)
+    work = algo.client_work_config(settings)
     stats = split.summary()
     print(f'{task.name}: {stats["users"]:,} users, {stats["items"]:,} items, '
           f'{stats["train_interactions"]:,} training rows; {clients} clients per '
@@ -305,9 +335,11 @@ def _train(task, settings: dict, split, clients: int, vectorized: bool, privacy,
     sim = simulation.build_simulation(
         split=split, method=settings['algorithm'], work=work, clients_per_round=clients,
         seed=settings['seed'], server_lr=settings['server_lr'],
+        server_optimizer=settings['server_optimizer'], num_negatives=settings['num_negatives'],
         users_per_client=None if vectorized else 1,
         max_group_examples=settings['max_group_examples'], model_aggregator=aggregator,
-        workers=_WORKERS.value, sharpness_probe=settings['sharpness_probe'])
+        workers=_WORKERS.value, sharpness_probe=settings['sharpness_probe'],
+        heldout_fraction=settings['heldout_users'])
     logging.info('built the TFF process in %.1f s', time.perf_counter() - start)
     # Everything is checked: record the settings (a resumed run must match).
     program.prepare_experiment(
@@ -321,6 +353,8 @@ def _train(task, settings: dict, split, clients: int, vectorized: bool, privacy,
         rounds_per_eval=settings['rounds_per_eval'],
         rounds_per_checkpoint=settings['rounds_per_checkpoint'],
         hparams=settings, validation=settings['validation'],
+        eval_protocol=settings['eval_protocol'],
+        rounds_per_full_eval=settings['rounds_per_full_eval'],
         progress=_PROGRESS.value,
         extra_train_metrics=privacy_report.round_metrics if privacy_report else None,
         extra_summary=privacy_report.summary if privacy_report else None)

@@ -17,7 +17,7 @@ from tff_fedrecgel.errors import DataError
 PathLike = Union[str, os.PathLike]
 
 # Bump when the preprocessing changes results, to invalidate cached splits.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the authors' tie rule (first-appearing item wins).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +52,9 @@ class Task:
         ``raw_file`` is None) returning the raw frame.
       option_names: Keyword options accepted by ``reader``.
       data_dir_may_be_file: Whether ``data_dir`` may name the file itself.
+      tuned: The 'tuned' preset: settings (by their command-line names) that
+        replace the paper's protocol where the run does not set them itself,
+        chosen on the validation item (docs/RESULTS.md).
     """
 
     name: str
@@ -66,6 +69,19 @@ class Task:
         default=None, repr=False, compare=False)
     option_names: tuple[str, ...] = ()
     data_dir_may_be_file: bool = False
+    tuned: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def preset(self, name: str) -> dict[str, Any]:
+        """The settings of a preset: 'paper' (SPEC.md's protocol) or 'tuned'.
+
+        Raises:
+          DataError: For an unknown preset.
+        """
+        if name == 'paper':
+            return {}
+        if name == 'tuned':
+            return dict(self.tuned)
+        raise DataError(f"unknown preset {name!r}; choose 'paper' or 'tuned'")
 
     def _check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(options) - set(self.option_names))

@@ -10,4 +10,7 @@ TASK = Task(
     rho_ns=0.01,
     description='LastFM-2K tag assignments (repeated user-artist rows kept).',
     reader=loaders.load_lastfm_2k,
+    # Chosen on the validation item: the server's Adam at 0.01 and twice the
+    # paper's cohort close most of the gap to the central ceiling.
+    tuned={'server_lr': 0.01, 'client_fraction': 0.2},
 )

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tff_fedrecgel.data import loaders
 from tff_fedrecgel.data import preprocess
 from tff_fedrecgel.data import split_io
 from tff_fedrecgel.errors import DataError
@@ -64,13 +65,31 @@ def test_reindex_rejects_mixed_types():
                            what='user')
 
 
-def test_leave_one_out_tie_rule_matches_pandas_rank_first():
+def _authors_ranks(frame):
+    """The authors' tie rule written with pandas: index items by first
+    appearance, sort each user's rows stably by it, then rank 'first'."""
+    frame = frame.assign(first=pd.factorize(frame['item'])[0])
+    ordered = frame.sort_values(['user', 'first'], kind='stable')
+    ranks = ordered.groupby('user')['timestamp'].rank(method='first',
+                                                      ascending=False)
+    return ranks.reindex(frame.index).to_numpy()
+
+
+def test_leave_one_out_ranks_follow_the_authors_tie_rule():
     frame = _random_frame()
+    keys = preprocess.first_appearance_index(frame['item'].to_numpy())
     ranks = preprocess.leave_one_out_ranks(frame['user'].to_numpy(),
-                                           frame['timestamp'].to_numpy())
-    expected = frame.groupby('user')['timestamp'].rank(method='first',
-                                                       ascending=False)
-    np.testing.assert_array_equal(ranks, expected.to_numpy())
+                                           frame['timestamp'].to_numpy(), keys)
+    np.testing.assert_array_equal(ranks, _authors_ranks(frame))
+    # The rule differs from plain row order on this frame (the test can fail).
+    row_order = frame.groupby('user')['timestamp'].rank(method='first',
+                                                        ascending=False)
+    assert not np.array_equal(ranks, row_order.to_numpy())
+
+
+def test_first_appearance_index():
+    got = preprocess.first_appearance_index(np.array([7, 3, 7, 9, 3]))
+    assert got.tolist() == [0, 1, 0, 2, 1]
 
 
 def test_ties_go_to_the_first_occurrence():
@@ -79,6 +98,31 @@ def test_ties_go_to_the_first_occurrence():
     split = _build(_frame(rows + _fillers()), validation=True)
     assert split.test_items[0] == 2  # Original item 3 (ids 1..5 -> 0..4).
     assert split.valid_items[0] == 3  # The tied second occurrence is next.
+
+
+def test_ties_go_to_the_item_first_seen_in_the_raw_file(tmp_path):
+    # A LastFM-2K-format file (uid,iid,tagid,ts). User 2's latest timestamp
+    # (900) is shared by items 40, 30 and 20, in that row order; the raw file
+    # shows item 20 first (user 1, who is filtered out with 3 rows), then 30
+    # (user 3), then 40. Tie rule: 20 is the test item, 30 the validation
+    # item; row order would have picked 40.
+    lines = ['1,20,1,5', '1,21,1,6', '1,22,1,7']
+    lines += [f'3,{item},1,{t}' for t, item in enumerate([30, 31, 32, 33, 34])]
+    lines += ['2,40,1,900', '2,40,2,900', '2,30,1,900', '2,20,1,900',
+              '2,50,1,100', '2,51,1,100']
+    lines += [f'{900 + f},{1000 * (f + 1) + i},1,{i}' for f in range(2)
+              for i in range(120)]
+    path = tmp_path / 'last-fm-2k-ratings.dat'
+    path.write_text('\n'.join(lines) + '\n')
+    raw = loaders.load_lastfm_2k(str(path))
+    split = preprocess.build_split(raw, validation=True)
+    kept_items = np.unique(raw['item'][raw['user'] != 1].to_numpy())
+    user = 0  # Raw user 2 is the first kept user.
+    assert kept_items[split.test_items[user]] == 20
+    assert kept_items[split.valid_items[user]] == 30
+    # Both rows of item 40 stay in training, as do the older rows.
+    train = sorted(kept_items[split.train_items[split.train_users == user]])
+    assert train == [40, 40, 50, 51]
 
 
 def test_test_item_is_the_latest_and_duplicates_stay_in_train():
@@ -167,7 +211,7 @@ def test_validation_holds_out_the_second_latest():
                                   what='user')
     items, _ = preprocess.reindex(kept['item'].to_numpy(), source='x',
                                   what='item')
-    ranks = preprocess.leave_one_out_ranks(users, kept['timestamp'].to_numpy())
+    ranks = _authors_ranks(kept)
     expected_valid = np.empty(split.num_users, dtype=np.int32)
     expected_valid[users[ranks == 2]] = items[ranks == 2]
     np.testing.assert_array_equal(split.valid_items, expected_valid)

@@ -100,11 +100,11 @@ def _aggregate(factory, values, dtype=tf.float32):
 
 
 @pytest.fixture
-def secure_context():
-    """TFF's test runtime (secure sums compiled to sums), then the native one."""
-    privacy.use_secure_simulation_context()
+def secure_context(tff_runtime):
+    """The session's runtime with secure sums compiled to sums, then without."""
+    tff_runtime.install(secure_sum=True)
     yield
-    tff.backends.native.set_sync_local_cpp_execution_context()
+    tff_runtime.install()
 
 
 # ----------------------------------------------------------------------------

@@ -44,9 +44,14 @@ def _split(name, validation=False):
 
 
 def _reference_test_items(raw):
-    """The protocol written the way a pandas notebook would, for comparison."""
+    """The protocol written the way a pandas notebook would, for comparison.
+
+    Ties among a user's latest timestamps follow SPEC.md: items numbered by
+    first appearance in the raw file, rows sorted stably by that number.
+    """
+    raw = raw.assign(first=pd.factorize(raw['item'])[0])
     counts = raw.groupby('user')['user'].transform('count')
-    kept = raw[counts >= 5].copy()
+    kept = raw[counts >= 5].sort_values('first', kind='stable')
     kept['u'] = kept['user'].map(
         {v: k for k, v in enumerate(sorted(kept['user'].unique()))})
     kept['i'] = kept['item'].map(

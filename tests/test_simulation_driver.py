@@ -7,6 +7,7 @@ from tff_fedrecgel import tasks
 from tff_fedrecgel import evaluation
 from tff_fedrecgel import simulation
 from tff_fedrecgel.algorithms import client_update
+from tff_fedrecgel.data.client_data import heldout_users_for
 from tff_fedrecgel.simulation import driver
 
 WORK = client_update.ClientWorkConfig(rho_sh=0.01, rho_ns=0.02, reconstruction_steps=3)
@@ -18,13 +19,13 @@ def split():
 
 
 def test_heldout_users_are_fixed_by_the_data_and_sized_by_the_fraction():
-    first = driver.heldout_users_for(1000, 0.1)
+    first = heldout_users_for(1000, 0.1)
     assert len(first) == 100 and len(set(first.tolist())) == 100
-    np.testing.assert_array_equal(first, driver.heldout_users_for(1000, 0.1))
-    assert len(driver.heldout_users_for(1000, 0.0)) == 0
+    np.testing.assert_array_equal(first, heldout_users_for(1000, 0.1))
+    assert len(heldout_users_for(1000, 0.0)) == 0
     for bad in (-0.1, 1.0, float('nan')):
         with pytest.raises(ValueError, match='held-out fraction'):
-            driver.heldout_users_for(10, bad)
+            heldout_users_for(10, bad)
 
 
 @pytest.mark.parametrize('method', ['fedrecgel', 'fedrecon', 'fedmf'])

@@ -171,6 +171,9 @@ def test_corrupt_latest_checkpoint_falls_back(reference_run, tmp_path):
     (['--task=synthetic', '--algorithm=fedrecon', '--sharpness_probe=0.05'],
      'sharpness_probe'),
     (['--task=synthetic', '--sharpness_probe=-1'], 'sharpness_probe'),
+    (['--task=synthetic', '--num_negatives=-1'], 'num_negatives'),
+    (['--task=synthetic', '--algorithm=fedrecon', '--server_optimizer=yogi'],
+     'server_optimizer'),
 ])
 def test_bad_input_is_one_line(args, expected, tmp_path):
     """User errors print one line 'error: ...' and exit 2, no traceback."""
@@ -224,3 +227,24 @@ def test_fedrecon_trains_from_the_command_line(tmp_path):
     rows = _metrics_rows(tmp_path / 'fr' / 'metrics.csv')
     assert [int(r['round']) for r in rows] == [1, 2, 3]
     assert all(float(r['train/loss']) > 0 for r in rows)
+
+
+def test_server_optimizer_and_negatives_flags(tmp_path):
+    """--server_optimizer and --num_negatives reach the round and hparams."""
+    rows, hparams = {}, {}
+    for name, extra in (('default', []),
+                        ('custom', ['--server_optimizer=sgdm', '--server_lr=0.5',
+                                    '--num_negatives=2'])):
+        code, output = _run([*SMALL, f'--root_output_dir={tmp_path}',
+                             f'--experiment_name={name}', '--total_rounds=2',
+                             '--algorithm=fedncf', *extra], tmp_path, f'{name}.txt')
+        assert code == 0, output
+        rows[name] = _metrics_rows(tmp_path / name / 'metrics.csv')
+        hparams[name] = json.loads((tmp_path / name / 'hparams.json').read_text())
+    assert (hparams['default']['server_optimizer'], hparams['default']['num_negatives']) == (
+        'adam', 4)
+    assert (hparams['custom']['server_optimizer'], hparams['custom']['num_negatives']) == (
+        'sgdm', 2)
+    # Same cohort and positives: (1 + 2) / (1 + 4) of the examples.
+    first = [float(rows[n][0]['train/examples_per_client']) for n in ('default', 'custom')]
+    assert first[1] == pytest.approx(first[0] * 3 / 5)

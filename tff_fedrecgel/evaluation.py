@@ -130,6 +130,37 @@ def evaluate_users(
     return collections.OrderedDict((k, v / num_users) for k, v in totals.items())
 
 
+def evaluate_item_scores(item_scores: np.ndarray, candidates: np.ndarray, *,
+                         top_ks: Sequence[int] = ranking.TOP_KS
+                         ) -> collections.OrderedDict[str, float]:
+    """Mean HR@K / NDCG@K of ranking every user's candidates by item scores.
+
+    For models with one score per item, the same for every user (item
+    popularity); ties count against the held-out item, as for NeuMF.
+
+    Args:
+      item_scores: float `[num_items]`.
+      candidates: int `[num_users, num_candidates]`; column 0 is the held-out
+        item.
+      top_ks: Cut-offs K.
+
+    Returns:
+      OrderedDict of Python floats, keys as `ranking.metric_names(top_ks)`.
+
+    Raises:
+      ValueError: On a candidate outside the scores or bad shapes.
+    """
+    scores = np.asarray(item_scores, np.float64)
+    candidates = np.asarray(candidates)
+    if candidates.ndim != 2 or scores.ndim != 1:
+        raise ValueError('item_scores must be [num_items] and candidates 2-D')
+    if candidates.size and (candidates.min() < 0 or candidates.max() >= len(scores)):
+        raise ValueError('candidates hold item ids outside the scores')
+    per_user = ranking.ranking_metrics(scores[candidates], top_ks=top_ks)
+    return collections.OrderedDict(
+        (k, float(np.mean(v.numpy(), dtype=np.float64))) for k, v in per_user.items())
+
+
 def _client_metrics(model_config, global_weights, local_weights, candidates, top_ks):
     scores = neumf.score_items(model_config, global_weights, local_weights,
                                candidates[tf.newaxis, :])

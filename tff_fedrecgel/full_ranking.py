@@ -319,6 +319,45 @@ def evaluate_full(
     )
 
 
+def evaluate_item_scores(item_scores: np.ndarray, heldout_items: np.ndarray,
+                         train_csr: tuple[np.ndarray, np.ndarray], *,
+                         top_ks: Sequence[int] = ranking.TOP_KS
+                         ) -> collections.OrderedDict[str, float]:
+    """Full-ranking metrics of a model with one score per item (popularity).
+
+    Every user ranks the items by the same scores, so a user's rank is the
+    number of items scoring at least as high as its target, less its own
+    training items among them (the target itself is never counted).
+
+    Args:
+      item_scores: float `[num_items]`.
+      heldout_items: int `[num_users]` targets.
+      train_csr: `(indptr, items)` of the users' training items.
+      top_ks: Cut-offs K.
+
+    Returns:
+      OrderedDict of Python floats, the means over users (`metric_names`).
+    """
+    scores = np.asarray(item_scores, np.float64)
+    scores = np.where(np.isnan(scores), -np.inf, scores)
+    targets = np.asarray(heldout_items, np.int64)
+    indptr, items = (np.asarray(a, np.int64) for a in train_csr)
+    target_scores = scores[targets]
+    ordered = np.sort(scores)
+    at_least = len(scores) - np.searchsorted(ordered, target_scores, side='left')
+    rows = np.repeat(np.arange(len(targets)), np.diff(indptr))
+    # A user's training items repeat; count each once, and never the target.
+    pairs = np.unique(np.stack([rows, items], axis=1), axis=0) if len(items) else (
+        np.zeros((0, 2), np.int64))
+    beaten = (scores[pairs[:, 1]] >= target_scores[pairs[:, 0]]) & (
+        pairs[:, 1] != targets[pairs[:, 0]])
+    excluded = np.bincount(pairs[beaten, 0], minlength=len(targets))
+    ranks = at_least - 1 - excluded  # Less the target itself.
+    metrics = ranking.metrics_from_ranks(ranks.astype(np.int64), top_ks=top_ks, mrr=True)
+    return collections.OrderedDict(
+        (k, float(np.mean(v.numpy(), dtype=np.float64))) for k, v in metrics.items())
+
+
 def client_data_spec() -> collections.OrderedDict:
     """One client's evaluation data: its target and its training items."""
     return collections.OrderedDict(

@@ -12,6 +12,11 @@ import dataclasses
 
 FEDRECGEL = 'fedrecgel'
 FEDRECON = 'fedrecon'
+ITEMPOP = 'itempop'
+CENTRAL = 'central'
+# `tff.learning.optimizers` a server may apply to the averaged update
+# (`fedrecgel.build_server_optimizer`); Adam is the authors'.
+SERVER_OPTIMIZERS = ('adam', 'yogi', 'adagrad', 'sgdm', 'sgd')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,8 +29,8 @@ class Method:
       rho_sh: The global radius it fixes (None: the task's or the flag's).
       rho_ns: The local radius it fixes (None: the task's or the flag's).
       gmf_only: Whether it uses the GMF-only model (no MLP branch).
-      algorithm: The federated algorithm that trains it (`FEDRECGEL` or
-        `FEDRECON`).
+      algorithm: What trains it: `FEDRECGEL`, `FEDRECON`, `ITEMPOP` (the
+        popularity floor) or `CENTRAL` (the non-federated ceiling).
     """
 
     name: str
@@ -51,6 +56,11 @@ METHODS = {m.name: m for m in (
     Method('fedrecon', 'TFF\'s Federated Reconstruction (build_fed_recon) on the same '
            'NeuMF: no user state, embeddings rebuilt every round',
            rho_sh=0.0, rho_ns=0.0, algorithm=FEDRECON),
+    Method('itempop', 'item popularity counted federatedly, no model (the floor)',
+           rho_sh=0.0, rho_ns=0.0, algorithm=ITEMPOP),
+    Method('central', 'the same NeuMF trained centrally on the pooled data with Keras, '
+           'a round = an epoch (the non-federated ceiling, not a federated method)',
+           rho_sh=0.0, rho_ns=0.0, algorithm=CENTRAL),
 )}
 METHOD_NAMES = tuple(METHODS)
 

@@ -18,7 +18,7 @@ uploads (`build_fedrecgel_process(model_aggregator=...)`):
   `dp_accounting`.
 
 TFF's default (native C++) runtime cannot execute the secure-sum intrinsics;
-`use_secure_simulation_context` installs TFF's test runtime, which compiles
+`use_secure_simulation_context` installs a worker of this process that compiles
 them to plain sums of the same quantized integers (no masking, no crypto).
 """
 
@@ -205,14 +205,17 @@ def secure_quantization_error(*, bound: float) -> float:
 
 
 def use_secure_simulation_context() -> None:
-    """Makes TFF's default runtime able to run the secure-sum intrinsics.
+    """Makes TFF's default context able to run the secure-sum intrinsics.
 
-    The native local runtime rejects `federated_secure_sum_bitwidth`; TFF's
-    test runtime (the same C++ executor) first compiles each secure sum to a
-    plain sum of the quantized integers with range checks. Everything else
-    runs as before. Simulation only: nothing is masked or encrypted.
+    The native local runtime rejects `federated_secure_sum_bitwidth`; a
+    `runtime.LocalRuntime` installed with `secure_sum=True` first compiles
+    each secure sum to a plain sum of the quantized integers with range checks
+    (TFF's test backend), on a worker that dies with this process. Everything
+    else runs as before. Simulation only: nothing is masked or encrypted.
     """
-    tff.backends.test.set_sync_test_cpp_execution_context()
+    from tff_fedrecgel import runtime  # pylint: disable=g-import-not-at-top
+
+    runtime.LocalRuntime().install(secure_sum=True)
 
 
 class _SecureSumAssertFilter(logging.Filter):
@@ -439,7 +442,8 @@ class PrivacySettings:
               ) -> tuple[tff.aggregators.AggregationFactory | None, PrivacyReport | None]:
         """The model aggregator and the `PrivacyReport` of these settings.
 
-        Installs TFF's test runtime when secure aggregation is on (see
+        With secure aggregation, TFF's context must run secure sums
+        (`runtime.LocalRuntime.install(secure_sum=True)`, or
         `use_secure_simulation_context`).
 
         Args:
@@ -452,8 +456,6 @@ class PrivacySettings:
         """
         if not self.needs_one_user_per_client:
             return None, None
-        if self.secure_aggregation:
-            use_secure_simulation_context()
         if not self.dp:
             return build_secure_aggregator(), None
         aggregator = build_dp_aggregator(

@@ -61,11 +61,36 @@ class ServerState(NamedTuple):
     __getitem__ = client_update_lib.item_or_field
 
 
-def build_server_optimizer(learning_rate: float = 0.001
+def build_server_optimizer(learning_rate: float = 0.001, name: str = 'adam'
                            ) -> tff.learning.optimizers.Optimizer:
-    """The server's default optimizer: Adam (SPEC step 9)."""
-    return tff.learning.optimizers.build_adam(learning_rate=learning_rate,
-                                              epsilon=SERVER_ADAM_EPSILON)
+    """A server optimizer by name; the default is SPEC's Adam (step 9).
+
+    Args:
+      learning_rate: Its learning rate.
+      name: One of `methods.SERVER_OPTIMIZERS`: 'adam' (epsilon 1e-8, the
+        authors'), 'yogi', 'adagrad', 'sgdm' (momentum 0.9) or 'sgd'.
+
+    Returns:
+      A `tff.learning.optimizers.Optimizer`.
+
+    Raises:
+      ValueError: On an unknown name or a learning rate that is not positive.
+    """
+    if not 0 < learning_rate < float('inf'):
+        raise ValueError(f'the server learning rate must be positive, got {learning_rate}')
+    builders = {
+        'adam': lambda: tff.learning.optimizers.build_adam(
+            learning_rate=learning_rate, epsilon=SERVER_ADAM_EPSILON),
+        'yogi': lambda: tff.learning.optimizers.build_yogi(learning_rate=learning_rate),
+        'adagrad': lambda: tff.learning.optimizers.build_adagrad(learning_rate=learning_rate),
+        'sgdm': lambda: tff.learning.optimizers.build_sgdm(learning_rate=learning_rate,
+                                                          momentum=0.9),
+        'sgd': lambda: tff.learning.optimizers.build_sgdm(learning_rate=learning_rate),
+    }
+    if name not in builders:
+        raise ValueError(f'unknown server optimizer {name!r}; choose one of '
+                         f'{", ".join(builders)}')
+    return builders[name]()
 
 
 def build_server_update(server_optimizer: tff.learning.optimizers.Optimizer,

@@ -31,8 +31,31 @@ from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.errors import DataError
 
 DEFAULT_NUM_NEGATIVES = 4
+# Held-out users depend on the data alone (not on the run's seed), so every
+# method and seed on a split is measured on the same unseen users.
+HELDOUT_SEED = 0x4E1D
 
 Batch = tuple[np.ndarray, np.ndarray]
+
+
+def heldout_users_for(num_users: int, fraction: float) -> np.ndarray:
+    """The users a run never trains on: a fixed random `fraction` of them.
+
+    Args:
+      num_users: The population size.
+      fraction: In [0, 1); `round(fraction * num_users)` users.
+
+    Returns:
+      Sorted int64 user indices.
+
+    Raises:
+      DataError: If `fraction` is outside [0, 1).
+    """
+    if not 0 <= fraction < 1:
+        raise DataError(f'the held-out fraction must be in [0, 1), got {fraction}')
+    count = int(round(fraction * num_users))
+    rng = np.random.default_rng([HELDOUT_SEED, num_users])
+    return np.sort(rng.permutation(num_users)[:count]).astype(np.int64)
 
 
 class FederatedTrainData:
@@ -117,6 +140,19 @@ class FederatedTrainData:
         """The user's unique training items (first-occurrence order)."""
         user = self._check_user(user)
         return self.items[self.indptr[user]:self.indptr[user + 1]]
+
+    def csr(self, users: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`(indptr, items)` of the given users' unique training items, in order.
+
+        Row r holds the items of `users[r]` (for ranking against every item a
+        user did not train on).
+        """
+        users = np.asarray(users, np.int64)
+        counts = self._counts[users]
+        indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        starts = np.repeat(self.indptr[users], counts)
+        offsets = np.arange(int(indptr[-1]), dtype=np.int64) - np.repeat(indptr[:-1], counts)
+        return indptr, self.sorted_items[starts + offsets]
 
     def num_positives(self, user: int) -> int:
         """Number of unique training items of the user."""

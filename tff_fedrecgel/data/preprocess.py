@@ -6,9 +6,12 @@ Steps (SPEC "Data protocol"):
    filtered. Duplicate (user, item) rows are kept.
 2. Re-index users and items contiguously from 0 in sorted order of their
    original ids (only ids that survive step 1 get an index).
-3. Rank each user's rows by timestamp, descending, ties broken by first
-   occurrence in row order (``rank(method='first', ascending=False)``). Rank 1
-   is the test interaction; with ``validation=True`` rank 2 is the validation
+3. Rank each user's rows by timestamp, descending. Ties follow the authors'
+   rule: items are numbered in order of first appearance in the raw file,
+   each user's rows are sorted (stably) by that number, then ranked with
+   ``rank(method='first', ascending=False)``; so among equal timestamps the
+   item that appears first in the raw file wins. Rank 1 is the test
+   interaction; with ``validation=True`` rank 2 is the validation
    interaction. Every other row (duplicates included) is training.
 4. Held-out negatives (see `sample_heldout_negatives`): for each user, 99
    items it never interacted with in the filtered data, without replacement.
@@ -224,23 +227,55 @@ def reindex(values: np.ndarray, *, source: str, what: str,
     return codes.astype(np.int32), uniques
 
 
-def leave_one_out_ranks(users: np.ndarray,
-                        timestamps: np.ndarray) -> np.ndarray:
-    """Rank of each row within its user: 1 = latest, ties by first occurrence.
+def first_appearance_index(values: np.ndarray) -> np.ndarray:
+    """Numbers each distinct value by the row of its first appearance.
 
-    Same result as
-    ``df.groupby('user')['timestamp'].rank(method='first', ascending=False)``.
+    Args:
+      values: One id per row.
+
+    Returns:
+      int64 per row: 0 for the first distinct value met, 1 for the next, ...
+    """
+    codes, _ = pd.factorize(pd.Series(np.asarray(values)), sort=False)
+    return codes.astype(np.int64)
+
+
+def leave_one_out_ranks(users: np.ndarray, timestamps: np.ndarray,
+                        tie_keys: np.ndarray) -> np.ndarray:
+    """Rank of each row within its user: 1 = latest timestamp.
+
+    Equal timestamps are ordered by ``tie_keys`` (ascending), then by row
+    order. With ``tie_keys`` = `first_appearance_index` of the items this is
+    the authors' rule: sort each user's rows stably by the item's index, then
+    ``groupby('user')['timestamp'].rank(method='first', ascending=False)``.
 
     Args:
       users: User of every row.
       timestamps: Numeric timestamp of every row.
+      tie_keys: Integer key of every row that breaks timestamp ties.
 
     Returns:
       int64 ranks starting at 1.
+
+    Raises:
+      ValueError: If the three arrays differ in length.
     """
-    ranks = pd.Series(timestamps).groupby(np.asarray(users), sort=False).rank(
-        method='first', ascending=False)
-    return ranks.to_numpy().astype(np.int64)
+    users = np.asarray(users)
+    timestamps = np.asarray(timestamps)
+    tie_keys = np.asarray(tie_keys)
+    num_rows = len(users)
+    if not len(timestamps) == len(tie_keys) == num_rows:
+        raise ValueError('users, timestamps and tie_keys differ in length')
+    user_codes, _ = pd.factorize(pd.Series(users), sort=False)
+    # Descending timestamp without negation (exact for any numeric dtype).
+    time_rank = np.unique(timestamps, return_inverse=True)[1].reshape(-1)
+    order = np.lexsort((np.arange(num_rows), tie_keys, -time_rank, user_codes))
+    sorted_users = user_codes[order]
+    starts = np.flatnonzero(np.r_[True, sorted_users[1:] != sorted_users[:-1]])
+    sizes = np.diff(np.r_[starts, num_rows])
+    ranks = np.empty(num_rows, dtype=np.int64)
+    ranks[order] = np.arange(num_rows) - np.repeat(starts, sizes) + 1
+    return ranks
 
 
 def sample_heldout_negatives(interacted_users: np.ndarray,
@@ -373,7 +408,10 @@ def build_split(raw: pd.DataFrame, *, validation: bool = False,
         raise DataError(
             f'{source}: min_interactions must be at least {needed} '
             f'(got {min_interactions})')
-    kept = filter_users(raw, min_interactions=min_interactions)
+    # The tie rule numbers items by first appearance in the raw file.
+    with_keys = raw[list(loaders.RAW_COLUMNS)].assign(
+        tie_key=first_appearance_index(raw['item'].to_numpy()))
+    kept = filter_users(with_keys, min_interactions=min_interactions)
     if kept.empty:
         raise DataError(
             f'{source}: no user has at least {min_interactions} interactions')
@@ -389,7 +427,8 @@ def build_split(raw: pd.DataFrame, *, validation: bool = False,
             f'{source}: {len(item_ids)} distinct items, more than the fixed '
             f'item count {num_items}')
 
-    ranks = leave_one_out_ranks(users, kept['timestamp'].to_numpy())
+    ranks = leave_one_out_ranks(users, kept['timestamp'].to_numpy(),
+                                kept['tie_key'].to_numpy())
     test_rows = np.flatnonzero(ranks == 1)
     test_items = np.empty(num_users, dtype=np.int32)
     test_items[users[test_rows]] = items[test_rows]

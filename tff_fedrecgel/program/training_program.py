@@ -47,17 +47,15 @@ import tensorflow_federated as tff
 import tqdm
 import tree
 
-from tff_fedrecgel import ranking
 from tff_fedrecgel import runtime
 from tff_fedrecgel.models import neumf
 from tff_fedrecgel.program import tensorboard_extras
+from tff_fedrecgel.program.evaluation_plan import EvaluationPlan
 from tff_fedrecgel.program.outputs import ExperimentPaths
 from tff_fedrecgel.program.outputs import OutputError
 from tff_fedrecgel.program.outputs import write_atomically
 from tff_fedrecgel.simulation import Simulation
 
-METRIC_NAMES = tuple(ranking.metric_names())
-SELECT_ON = 'hr@10'
 KEY_COLUMN = 'round'
 
 
@@ -67,22 +65,6 @@ class TrainingStoppedError(ValueError):
     Nothing of the failing round is released or saved; the run's latest
     checkpoint is its last good state.
     """
-
-
-def _empty_best() -> collections.OrderedDict:
-    """Best-so-far record: the round (0 = none yet) and its test metrics."""
-    best = collections.OrderedDict(round=np.int64(0), score=np.float64(-1.0))
-    for name in METRIC_NAMES:
-        best[name] = np.float64(0.0)
-    return best
-
-
-def _update_best(best, round_num, score, test_metrics):
-    if score > float(best['score']):
-        best = collections.OrderedDict(round=np.int64(round_num), score=np.float64(score))
-        for name in METRIC_NAMES:
-            best[name] = np.float64(test_metrics[name])
-    return best
 
 
 # Errors of the file system that TensorFlow reports inside longer messages.
@@ -151,24 +133,6 @@ class _MetricsLog:
         if isinstance(value, bytes):
             value = value.decode('utf-8')
         return json.loads(value)
-
-
-def _rows_from_csv(path, up_to: int) -> list[dict[str, Any]]:
-    """Rows of rounds <= `up_to` of a metrics.csv (checkpoints made before
-    the rows were kept in them); [] if it is missing or unreadable."""
-    try:
-        with open(path, newline='', encoding='utf-8') as f:
-            rows = list(csv.DictReader(f))
-        out = []
-        for row in rows:
-            parsed = {KEY_COLUMN: int(row[KEY_COLUMN])}
-            parsed.update({k: float(v) for k, v in row.items()
-                           if k != KEY_COLUMN and v not in ('', None)})
-            if parsed[KEY_COLUMN] <= up_to:
-                out.append(parsed)
-        return out
-    except (OSError, KeyError, TypeError, ValueError, csv.Error):
-        return []
 
 
 def _warn(message: str) -> None:
@@ -243,18 +207,15 @@ class _Checkpoints:
         return None, 0, -1
 
 
-def _program_state(simulation, best_test, best_valid, train_seconds, eval_seconds,
-                   metrics: _MetricsLog | None = None, legacy: bool = False):
-    state = collections.OrderedDict(
+def _program_state(simulation, best, train_seconds, eval_seconds,
+                   metrics: _MetricsLog | None = None):
+    return collections.OrderedDict(
         simulation=simulation.get_state(),
-        best_test=best_test,
-        best_valid=best_valid,
+        best=best,
         train_seconds=np.float64(train_seconds),
         eval_seconds=np.float64(eval_seconds),
+        metrics_rows=metrics.to_state() if metrics else np.array('[]'),
     )
-    if not legacy:
-        state['metrics_rows'] = metrics.to_state() if metrics else np.array('[]')
-    return state
 
 
 def _check_round(simulation, train: Mapping[str, float], round_num: int,
@@ -283,6 +244,8 @@ def run_training(
     rounds_per_checkpoint: int = 10,
     hparams: Mapping[str, Any] | None = None,
     validation: bool = False,
+    eval_protocol: str = 'sampled',
+    rounds_per_full_eval: int | None = None,
     progress: bool = True,
     on_round_end: Callable[[int, Mapping[str, float]], None] | None = None,
     extra_train_metrics: Callable[[int], Mapping[str, float]] | None = None,
@@ -294,12 +257,19 @@ def run_training(
       simulation: The simulation to run (not yet initialized).
       paths: The experiment's output folders.
       total_rounds: The last round to run.
-      rounds_per_eval: Evaluate every this many rounds (and at the end).
+      rounds_per_eval: Evaluate (sampled protocol) every this many rounds
+        (and at the end).
       rounds_per_checkpoint: Save program state every this many rounds (and at
         the end); 0 disables checkpoints.
       hparams: Settings shown in TensorBoard's hparams dashboard.
       validation: Whether the split has validation items; then the round with
         the best validation HR@10 is reported too (the honest selection).
+      eval_protocol: 'sampled' (99 sampled negatives, the paper's), 'full'
+        (every item the user did not train on) or 'both'
+        (`evaluation_plan.EvaluationPlan`); users the simulation holds out are
+        evaluated under the same protocols.
+      rounds_per_full_eval: Full ranking every this many rounds (and at the
+        end); default `rounds_per_eval`.
       progress: Show a progress bar.
       on_round_end: Called with (round, released metrics) after every round.
       extra_train_metrics: Called with the round number; its values are
@@ -315,40 +285,34 @@ def run_training(
         weights.
       OutputError: If an output cannot be written (e.g. a full disk).
     """
-    if total_rounds < 1 or rounds_per_eval < 1 or rounds_per_checkpoint < 0:
-        raise ValueError(
-            'total_rounds and rounds_per_eval must be >= 1, rounds_per_checkpoint >= 0'
-        )
+    if total_rounds < 1 or rounds_per_checkpoint < 0:
+        raise ValueError('total_rounds must be >= 1, rounds_per_checkpoint >= 0')
+    plan = EvaluationPlan(
+        protocol=eval_protocol, rounds_per_eval=rounds_per_eval,
+        rounds_per_full_eval=rounds_per_full_eval, validation=validation,
+        heldout=len(simulation.heldout_users) > 0)
     loop = asyncio.new_event_loop()
     try:
         return _run(
-            simulation, loop, paths, total_rounds, rounds_per_eval,
-            rounds_per_checkpoint, dict(hparams or {}), validation, progress,
+            simulation, loop, paths, total_rounds, plan,
+            rounds_per_checkpoint, dict(hparams or {}), progress,
             on_round_end, extra_train_metrics, extra_summary,
         )
     finally:
         loop.close()
 
 
-def _restore(simulation, checkpoints, paths):
+def _restore(simulation, checkpoints, plan):
     """Resumes from the latest readable checkpoint; returns its state, round
     and metrics rows (fresh values when there is none)."""
-    fresh = _program_state(simulation, _empty_best(), _empty_best(), 0.0, 0.0)
-    legacy = _program_state(simulation, _empty_best(), _empty_best(), 0.0, 0.0, legacy=True)
-    restored, version, index = checkpoints.load_latest([fresh, legacy])
+    fresh = _program_state(simulation, plan.empty_best(), 0.0, 0.0)
+    restored, version, _ = checkpoints.load_latest([fresh])
     if restored is None:
         return fresh, 0, []
     simulation.restore(restored['simulation'])
     logging.info('resumed from the checkpoint of round %d', version)
     print(f'resuming from the checkpoint of round {version}', flush=True)
-    if index == 0:
-        rows = _MetricsLog.from_state(restored['metrics_rows'])
-    else:
-        rows = _rows_from_csv(paths.metrics_csv, up_to=version)
-        if len(rows) < version:
-            _warn(f'the checkpoint of round {version} predates metrics rows in '
-                  f'checkpoints and metrics.csv holds {len(rows)} of its rounds')
-    return restored, version, rows
+    return restored, version, _MetricsLog.from_state(restored['metrics_rows'])
 
 
 def _prune_temporary_files(paths: ExperimentPaths) -> None:
@@ -360,14 +324,23 @@ def _prune_temporary_files(paths: ExperimentPaths) -> None:
                 path.unlink()
 
 
-def _run(simulation, loop, paths, total_rounds, rounds_per_eval,
-         rounds_per_checkpoint, hparams, validation, progress, on_round_end,
-         extra_train_metrics=None, extra_summary=None):
+def _evaluate(simulation, plan: EvaluationPlan, round_num: int, total_rounds: int,
+              released: dict) -> None:
+    """Adds the groups due at `round_num` to `released`."""
+    for protocol in plan.protocols:
+        if plan.due(protocol, round_num, total_rounds):
+            for group in plan.groups(protocol):
+                released[group.name] = simulation.evaluate(
+                    group.which, heldout=group.heldout, protocol=protocol)
+
+
+def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hparams,
+         progress, on_round_end, extra_train_metrics=None, extra_summary=None):
     _prune_temporary_files(paths)
     checkpoints = _Checkpoints(paths, loop)
     simulation.initialize()
-    program_state, last_checkpoint, rows = _restore(simulation, checkpoints, paths)
-    best_test, best_valid = program_state['best_test'], program_state['best_valid']
+    program_state, last_checkpoint, rows = _restore(simulation, checkpoints, plan)
+    best = program_state['best']
     train_seconds = float(program_state['train_seconds'])
     eval_seconds = float(program_state['eval_seconds'])
 
@@ -384,7 +357,7 @@ def _run(simulation, loop, paths, total_rounds, rounds_per_eval,
         # Written again on a resume, so the dashboard shows the current settings.
         tensorboard_extras.write_hparams(
             paths.tensorboard, hparams=hparams, trial_id=paths.root.name,
-            metric_tags=_dashboard_metrics(validation))
+            metric_tags=plan.dashboard_metrics())
 
     bar = tqdm.tqdm(
         total=total_rounds, initial=simulation.round_num, disable=not progress,
@@ -399,17 +372,11 @@ def _run(simulation, loop, paths, total_rounds, rounds_per_eval,
                 train.update(extra_train_metrics(round_num))
             train_seconds += train['round_seconds']
             released = collections.OrderedDict(train=train)
-            if round_num % rounds_per_eval == 0 or round_num == total_rounds:
-                eval_start = time.perf_counter()
-                test_metrics = simulation.evaluate('test')
-                released['test'] = test_metrics
-                best_test = _update_best(best_test, round_num, test_metrics[SELECT_ON], test_metrics)
-                if validation:
-                    valid_metrics = simulation.evaluate('valid')
-                    released['valid'] = valid_metrics
-                    best_valid = _update_best(
-                        best_valid, round_num, valid_metrics[SELECT_ON], test_metrics
-                    )
+            eval_start = time.perf_counter()
+            _evaluate(simulation, plan, round_num, total_rounds, released)
+            if len(released) > 1:
+                best = plan.update_best(best, round_num, released)
+                test_metrics = released.get('test', released.get('test_full'))
                 released['eval_seconds'] = time.perf_counter() - eval_start
                 eval_seconds += released['eval_seconds']
             metrics.add(round_num, released)
@@ -430,8 +397,7 @@ def _run(simulation, loop, paths, total_rounds, rounds_per_eval,
             )
             if checkpoint_due:
                 checkpoints.save(
-                    _program_state(simulation, best_test, best_valid, train_seconds,
-                                   eval_seconds, metrics),
+                    _program_state(simulation, best, train_seconds, eval_seconds, metrics),
                     round_num,
                 )
                 last_checkpoint = round_num
@@ -442,18 +408,16 @@ def _run(simulation, loop, paths, total_rounds, rounds_per_eval,
 
     if test_metrics is None and simulation.round_num > 0:
         # Resumed at or past total_rounds: report the current model.
-        test_metrics = simulation.evaluate('test')
-    item_gmf, item_mlp, _, _ = neumf.split_global_weights(
-        simulation.algorithm.model_config, simulation.global_weights)
-    with _writing(f'the item projector in {paths.tensorboard}'):
-        tensorboard_extras.write_item_projector(
-            paths.tensorboard, split=simulation.split,
-            item_tables={'item_gmf': item_gmf} if item_mlp is None else {
-                'item_gmf': item_gmf, 'item_mlp': item_mlp})
-    summary = _summary(
-        simulation, best_test, best_valid, validation, test_metrics,
-        train_seconds, eval_seconds,
-    )
+        test_metrics = simulation.evaluate('test', protocol=plan.protocols[0])
+    if simulation.algorithm.item_scores is None:  # A NeuMF: its item tables.
+        item_gmf, item_mlp, _, _ = neumf.split_global_weights(
+            simulation.algorithm.model_config, simulation.global_weights)
+        with _writing(f'the item projector in {paths.tensorboard}'):
+            tensorboard_extras.write_item_projector(
+                paths.tensorboard, split=simulation.split,
+                item_tables={'item_gmf': item_gmf} if item_mlp is None else {
+                    'item_gmf': item_gmf, 'item_mlp': item_mlp})
+    summary = _summary(simulation, plan, best, test_metrics, train_seconds, eval_seconds)
     if extra_summary is not None:
         summary.update(extra_summary(simulation.round_num))
     with _writing(str(paths.summary)):
@@ -461,33 +425,10 @@ def _run(simulation, loop, paths, total_rounds, rounds_per_eval,
     return summary
 
 
-def _dashboard_metrics(validation: bool) -> list[str]:
-    """Scalar tags the hparams dashboard shows: HR@10, NDCG@10, the loss."""
-    splits = ('test', 'valid') if validation else ('test',)
-    return [f'{s}/{m}@10' for s in splits for m in ('hr', 'ndcg')] + ['train/loss']
-
-
-def _best_fields(prefix: str, best) -> dict[str, Any]:
-    out = {f'{prefix}_round': int(best['round'])}
-    for name in METRIC_NAMES:
-        out[f'{prefix}_test_{name}'] = float(best[name])
-    return out
-
-
-def _summary(simulation, best_test, best_valid, validation, final,
-             train_seconds, eval_seconds):
+def _summary(simulation, plan, best, final, train_seconds, eval_seconds):
     rounds = simulation.round_num
-    summary = {
-        'best_round': int(best_test['round']),
-        'best_test_hr@10': float(best_test['hr@10']),
-        'best_test_ndcg@10': float(best_test['ndcg@10']),
-    }
-    if validation:
-        summary.update({
-            'best_valid_round': int(best_valid['round']),
-            'best_valid_test_hr@10': float(best_valid['hr@10']),
-            'best_valid_test_ndcg@10': float(best_valid['ndcg@10']),
-        })
+    summary = plan.summary(best)
+    summary['eval_protocol'] = plan.protocol
     summary['final'] = {k: float(v) for k, v in (final or {}).items()}
     summary['rounds'] = rounds
     # Seconds of training plus evaluation, and of training alone, per round.
@@ -495,7 +436,4 @@ def _summary(simulation, best_test, best_valid, validation, final,
         (train_seconds + eval_seconds) / rounds if rounds else math.nan)
     summary['train_seconds_per_round'] = train_seconds / rounds if rounds else math.nan
     summary['peak_rss_mb'] = round(runtime.peak_rss_mb(), 1)
-    summary['best_test'] = _best_fields('best', best_test)
-    if validation:
-        summary['best_valid'] = _best_fields('best_valid', best_valid)
     return summary

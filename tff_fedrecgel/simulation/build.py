@@ -5,13 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 import dataclasses
 
+import numpy as np
+
 import tensorflow_federated as tff
 
 from tff_fedrecgel import methods
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.algorithms import fedrecgel
+from tff_fedrecgel.data.client_data import heldout_users_for
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.models import neumf
+from tff_fedrecgel.simulation import baseline_adapters
 from tff_fedrecgel.simulation import fedrecgel_adapter
 from tff_fedrecgel.simulation import fedrecon_adapter
 from tff_fedrecgel.simulation.driver import Simulation
@@ -32,7 +36,7 @@ def build_simulation(
     clients_per_round: int,
     seed: int = 0,
     server_lr: float = 0.001,
-    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+    server_optimizer: str | tff.learning.optimizers.Optimizer = 'adam',
     num_negatives: int = 4,
     users_per_client: int | None = None,
     max_group_examples: int = fedrecgel_adapter.DEFAULT_MAX_GROUP_EXAMPLES,
@@ -50,8 +54,10 @@ def build_simulation(
         `reconstruction_steps`).
       clients_per_round: Cohort size.
       seed: Seed of sampling, negatives and initial weights.
-      server_lr: Learning rate of the default server Adam.
-      server_optimizer: Overrides `server_lr` (FedRecGEL methods).
+      server_lr: Learning rate of the server optimizer.
+      server_optimizer: A name of `methods.SERVER_OPTIMIZERS` (at
+        `server_lr`), or any `tff.learning.optimizers` optimizer (FedRecGEL
+        methods; FedRecon's server is Adam).
       num_negatives: Training negatives per positive.
       users_per_client: Users per TFF client (None: as many as fit
         `max_group_examples`; 1: one user per client).
@@ -70,12 +76,24 @@ def build_simulation(
     """
     spec = methods.get_method(method)
     model_config = model_config_for(spec, split.num_items)
-    if spec.algorithm == methods.FEDRECON:
+    if spec.algorithm != methods.FEDRECGEL:
         unused = [name for name, value in (
-            ('server_optimizer', server_optimizer), ('model_aggregator', model_aggregator),
-            ('workers', workers), ('sharpness_probe', sharpness_probe)) if value is not None]
+            ('server_optimizer', None if server_optimizer == 'adam' else server_optimizer),
+            ('model_aggregator', model_aggregator),
+            ('workers', workers), ('sharpness_probe', sharpness_probe)) if value is not None
+            and not (name == 'model_aggregator' and spec.algorithm == methods.ITEMPOP)]
         if unused:
-            raise ValueError(f'fedrecon does not take {", ".join(unused)}')
+            raise ValueError(f'{method} does not take {", ".join(unused)}')
+    if spec.algorithm == methods.ITEMPOP:
+        algorithm = baseline_adapters.ItemPop(split=split, model_config=model_config,
+                                              model_aggregator=model_aggregator)
+    elif spec.algorithm == methods.CENTRAL:
+        held = heldout_users_for(split.num_users, heldout_fraction)
+        algorithm = baseline_adapters.Central(
+            split=split, model_config=model_config, work=work, seed=seed,
+            num_negatives=num_negatives,
+            users=np.setdiff1d(np.arange(split.num_users), held))
+    elif spec.algorithm == methods.FEDRECON:
         algorithm = fedrecon_adapter.FedRecon(
             model_config=model_config, clients_per_round=clients_per_round, seed=seed,
             server_lr=server_lr, local_lr=work.local_lr,
@@ -87,7 +105,8 @@ def build_simulation(
             model_config=model_config,
             work=dataclasses.replace(work, rho_sh=rho_sh, rho_ns=rho_ns),
             num_users=split.num_users, seed=seed,
-            server_optimizer=server_optimizer or fedrecgel.build_server_optimizer(server_lr),
+            server_optimizer=(fedrecgel.build_server_optimizer(server_lr, server_optimizer)
+                              if isinstance(server_optimizer, str) else server_optimizer),
             model_aggregator=model_aggregator, users_per_client=users_per_client,
             max_group_examples=max_group_examples, workers=workers,
             sharpness_probe=sharpness_probe)

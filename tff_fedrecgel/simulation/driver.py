@@ -23,18 +23,17 @@ import numpy as np
 import tensorflow_federated as tff
 
 from tff_fedrecgel import evaluation
+from tff_fedrecgel import full_ranking
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.data.client_data import Batch
 from tff_fedrecgel.data.client_data import FederatedTrainData
+from tff_fedrecgel.data.client_data import heldout_users_for
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.models import neumf
 
 # Users who rebuild their embedding for evaluation draw their batches as
 # "round 0" (training rounds are numbered from 1).
 EVAL_ROUND = 0
-# Held-out users depend on the data alone (not on the run's seed), so every
-# method and seed on a split is measured on the same unseen users.
-HELDOUT_SEED = 0x4E1D
 
 
 class Algorithm(Protocol):
@@ -44,10 +43,14 @@ class Algorithm(Protocol):
       model_config: The NeuMF sizes.
       reconstruction: How a user without a stored embedding rebuilds it
         (`reconstruction_steps`, `local_lr` and the loss of the config).
+      item_scores: None for a NeuMF; an algorithm that ranks by one score per
+        item, the same for every user (item popularity), gives them here,
+        float `[num_items]`, and the driver needs no embeddings.
     """
 
     model_config: neumf.ModelConfig
     reconstruction: client_update.ClientWorkConfig
+    item_scores: np.ndarray | None
 
     def initialize(self) -> None:
         """Sets round 0: initial weights (and every user's state)."""
@@ -75,26 +78,6 @@ def clients_per_round_for(num_users: int, fraction: float) -> int:
     if not 0 < fraction <= 1:
         raise ValueError(f'client fraction must be in (0, 1], got {fraction}')
     return max(1, int(fraction * num_users))
-
-
-def heldout_users_for(num_users: int, fraction: float) -> np.ndarray:
-    """The users a run never trains on: a fixed random `fraction` of them.
-
-    Args:
-      num_users: The population size.
-      fraction: In [0, 1); `round(fraction * num_users)` users.
-
-    Returns:
-      Sorted int64 user indices.
-
-    Raises:
-      ValueError: If `fraction` is outside [0, 1).
-    """
-    if not 0 <= fraction < 1:
-        raise ValueError(f'the held-out fraction must be in [0, 1), got {fraction}')
-    count = int(round(fraction * num_users))
-    rng = np.random.default_rng([HELDOUT_SEED, num_users])
-    return np.sort(rng.permutation(num_users)[:count]).astype(np.int64)
 
 
 def _flatten(value, prefix: str = '') -> dict[str, float]:
@@ -214,25 +197,46 @@ class Simulation:
             return [t[self.train_users] for t in tables]
         return tables
 
-    def evaluate(self, which: str = 'test', *, heldout: bool = False) -> dict[str, float]:
-        """HR@K and NDCG@K of the training (or held-out) users' `which` items.
+    def evaluate(self, which: str = 'test', *, heldout: bool = False,
+                 protocol: str = 'sampled') -> dict[str, float]:
+        """Ranking metrics of the training (or held-out) users' `which` items.
 
         Args:
           which: 'test' or 'valid'.
           heldout: Evaluate the held-out users instead of the training users.
+          protocol: 'sampled': the item among its 99 sampled negatives (HR@K,
+            NDCG@K; the paper's protocol); 'full': among every item the user
+            did not train on (HR@K, NDCG@K, MRR).
 
         Returns:
-          Means over the users (the fast batched path).
+          Means over the users (the fast batched paths).
 
         Raises:
-          ValueError: If `heldout` and the run holds no users out.
+          ValueError: If `heldout` and the run holds no users out, or on an
+            unknown protocol.
         """
         users = self.heldout_users if heldout else self.train_users
         if not len(users):
             raise ValueError('this simulation holds no users out')
-        metrics = evaluation.evaluate_users(
-            self.algorithm.model_config, self.global_weights,
-            self.local_tables(heldout=heldout), self.split.candidates(which)[users])
+        if protocol not in ('sampled', 'full'):
+            raise ValueError(f"protocol must be 'sampled' or 'full', got {protocol!r}")
+        scores = self.algorithm.item_scores
+        if protocol == 'sampled':
+            candidates = self.split.candidates(which)[users]
+            if scores is not None:
+                return dict(evaluation.evaluate_item_scores(scores, candidates))
+            metrics = evaluation.evaluate_users(
+                self.algorithm.model_config, self.global_weights,
+                self.local_tables(heldout=heldout), candidates)
+        else:
+            targets = self.split.candidates(which)[users, 0]
+            csr = self.train_data.csr(users)
+            if scores is not None:
+                metrics = full_ranking.evaluate_item_scores(scores, targets, csr)
+            else:
+                metrics = full_ranking.evaluate_full(
+                    self.algorithm.model_config, self.global_weights,
+                    self.local_tables(heldout=heldout), targets, csr)
         return {k: float(v) for k, v in metrics.items()}
 
     def get_state(self) -> collections.OrderedDict:

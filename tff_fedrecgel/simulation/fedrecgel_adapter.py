@@ -84,6 +84,7 @@ class FedRecGEL:
             raise ValueError('a custom model_aggregator (e.g. DP) is not supported with '
                              '--workers; only the default mean is split across workers')
         self.model_config = model_config
+        self.item_scores = None  # A NeuMF: users are ranked with their embeddings.
         self.work = self.reconstruction = work
         self.num_users = num_users
         self.seed = seed

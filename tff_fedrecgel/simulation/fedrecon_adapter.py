@@ -47,6 +47,7 @@ class FedRecon:
         if max_group_examples < 1:
             raise ValueError('max_group_examples must be positive')
         self.model_config = model_config
+        self.item_scores = None  # A NeuMF: users are ranked with their embeddings.
         self.reconstruction = fedrecon.matching_client_work(
             reconstruction_steps=reconstruction_steps, local_lr=local_lr)
         self.seed = seed

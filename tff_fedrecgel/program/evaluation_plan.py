@@ -1,0 +1,167 @@
+"""What a run evaluates, when, and which rounds it selects.
+
+Metric groups, named by what they measure (`test/hr@10` in TensorBoard and
+metrics.csv):
+
+  test, valid, heldout            the sampled protocol (the held-out item
+                                  among 99 sampled negatives, the paper's);
+  test_full, valid_full,          full ranking (the held-out item among every
+  heldout_full                    item the user did not train on).
+
+`valid*` exist with a validation item, `heldout*` when some users never
+train (they rebuild their embedding from their own data). Each protocol
+selects rounds two ways: on the test item's HR@10 (as the authors report)
+and, with validation, on the validation item's (the honest figure); a
+selection records the test and held-out metrics of its round.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from tff_fedrecgel import ranking
+
+PROTOCOLS = ('sampled', 'full', 'both')
+SELECT_ON = 'hr@10'
+_SUFFIX = {'sampled': '', 'full': '_full'}
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """One metric group: which users' which item, under which protocol."""
+
+    name: str
+    which: str      # 'test' or 'valid'
+    heldout: bool   # The held-out users instead of the training users.
+    protocol: str   # 'sampled' or 'full'
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationPlan:
+    """The evaluation schedule of a run.
+
+    Attributes:
+      protocol: 'sampled', 'full' or 'both'.
+      rounds_per_eval: Sampled evaluation every this many rounds (and at the
+        last round).
+      rounds_per_full_eval: Full-ranking evaluation every this many rounds
+        (and at the last round); None: as `rounds_per_eval`.
+      validation: Whether the split holds a validation item.
+      heldout: Whether some users never train.
+    """
+
+    protocol: str = 'sampled'
+    rounds_per_eval: int = 1
+    rounds_per_full_eval: int | None = None
+    validation: bool = False
+    heldout: bool = False
+
+    def __post_init__(self):
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f'eval protocol must be one of {PROTOCOLS}, got '
+                             f'{self.protocol!r}')
+        if self.rounds_per_eval < 1 or (self.rounds_per_full_eval is not None
+                                        and self.rounds_per_full_eval < 1):
+            raise ValueError('rounds_per_eval and rounds_per_full_eval must be >= 1')
+
+    @property
+    def protocols(self) -> tuple[str, ...]:
+        return ('sampled', 'full') if self.protocol == 'both' else (self.protocol,)
+
+    def due(self, protocol: str, round_num: int, total_rounds: int) -> bool:
+        """Whether `protocol` is evaluated at `round_num`."""
+        every = self.rounds_per_eval if protocol == 'sampled' else (
+            self.rounds_per_full_eval or self.rounds_per_eval)
+        return round_num % every == 0 or round_num == total_rounds
+
+    def groups(self, protocol: str) -> list[Group]:
+        """The metric groups of one protocol, in release order."""
+        suffix = _SUFFIX[protocol]
+        groups = [Group('test' + suffix, 'test', False, protocol)]
+        if self.validation:
+            groups.append(Group('valid' + suffix, 'valid', False, protocol))
+        if self.heldout:
+            groups.append(Group('heldout' + suffix, 'test', True, protocol))
+        return groups
+
+    @staticmethod
+    def metric_names(protocol: str) -> list[str]:
+        """Metrics of a group: HR@K, NDCG@K, and MRR under full ranking."""
+        return ranking.metric_names(mrr=protocol == 'full')
+
+    def selections(self) -> list[tuple[str, str, str]]:
+        """`(name, protocol, group selected on)` of every round selection."""
+        out = []
+        for protocol in self.protocols:
+            suffix = _SUFFIX[protocol]
+            out.append(('test' + suffix, protocol, 'test' + suffix))
+            if self.validation:
+                out.append(('valid' + suffix, protocol, 'valid' + suffix))
+        return out
+
+    def _recorded(self, protocol: str) -> list[str]:
+        """The `group/metric` keys a selection of `protocol` records."""
+        groups = [g.name for g in self.groups(protocol) if g.which == 'test']
+        return [f'{g}/{m}' for g in groups for m in self.metric_names(protocol)]
+
+    def empty_best(self) -> collections.OrderedDict:
+        """Best-so-far records of every selection (round 0: none yet)."""
+        best = collections.OrderedDict()
+        for name, protocol, _ in self.selections():
+            record = collections.OrderedDict(round=np.int64(0), score=np.float64(-1.0))
+            record.update((key, np.float64(0.0)) for key in self._recorded(protocol))
+            best[name] = record
+        return best
+
+    def update_best(self, best: Mapping, round_num: int,
+                    released: Mapping[str, Mapping[str, float]]) -> collections.OrderedDict:
+        """The records after a round's evaluation (`released[group][metric]`)."""
+        best = collections.OrderedDict(best)
+        for name, protocol, group in self.selections():
+            if group not in released:
+                continue
+            score = float(released[group][SELECT_ON])
+            if score > float(best[name]['score']):
+                record = collections.OrderedDict(round=np.int64(round_num),
+                                                 score=np.float64(score))
+                for key in self._recorded(protocol):
+                    group_name, metric = key.split('/')
+                    record[key] = np.float64(released[group_name][metric])
+                best[name] = record
+        return best
+
+    def dashboard_metrics(self) -> list[str]:
+        """The scalar tags TensorBoard's hparams dashboard shows."""
+        tags = []
+        for protocol in self.protocols:
+            for group in self.groups(protocol):
+                tags += [f'{group.name}/hr@10', f'{group.name}/ndcg@10']
+        return tags + ['train/loss']
+
+    def summary(self, best: Mapping) -> dict[str, Any]:
+        """The selections' fields of the run summary.
+
+        The sampled protocol keeps the summary's long-standing names
+        (`best_round`, `best_test_hr@10`, `best_valid_round`,
+        `best_valid_test_hr@10`, ...); every selection is also under
+        `selections` with all the metrics it recorded.
+        """
+        out: dict[str, Any] = {}
+        selections = {}
+        for name, protocol, _ in self.selections():
+            record = best[name]
+            selections[name] = {'round': int(record['round']),
+                                **{k: float(record[k]) for k in self._recorded(protocol)}}
+            prefix = 'best' if name.startswith('test') else 'best_valid'
+            suffix = _SUFFIX[protocol]
+            out[f'{prefix}{suffix}_round'] = int(record['round'])
+            for metric in ('hr@10', 'ndcg@10'):
+                out[f'{prefix}{suffix}_test{suffix}_{metric}'] = float(
+                    record[f'test{suffix}/{metric}'])
+        out['selections'] = selections
+        return out
