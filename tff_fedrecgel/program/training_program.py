@@ -388,7 +388,7 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
                 on_round_end(round_num, released)
             bar.set_postfix(
                 {'hr@10': f'{test_metrics["hr@10"]:.4f}' if test_metrics else '-',
-                 'loss': f'{train["loss"]:.4f}'},
+                 'loss': f'{train["loss"]:.4f}' if 'loss' in train else '-'},
                 refresh=False,
             )
             bar.update(1)
