@@ -33,6 +33,8 @@ from absl import flags
 import numpy as np
 import pandas as pd
 
+from launch import _recipe_report
+from launch import _report
 from launch import study
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -41,21 +43,19 @@ _ROOT = flags.DEFINE_string('root_output_dir', 'runs/study', 'Study output root.
 _RESULTS = flags.DEFINE_string('results', 'docs/RESULTS.md',
                                'Markdown file whose table block is rewritten.')
 _IMAGES_DIR = flags.DEFINE_string('images_dir', 'docs/images', 'Where the PNGs go.')
-_RUNS_CSV = flags.DEFINE_string('runs_csv', 'docs/study_runs.csv',
-                                'Every finished run, one row each.')
+_RUNS_CSV = flags.DEFINE_string('runs_csv', None,
+                                'Every finished run, one row each (default: '
+                                'docs/study_runs.csv, or docs/recipe_runs.csv).')
+_PLAN = flags.DEFINE_enum(
+    'plan', 'paper', ['paper', 'recipe'],
+    'Which study: the paper reproduction (the study-tables block) or the recipe '
+    'study (the recipe-tables block, recipe_hr10.png).')
 
 BEGIN, END = '<!-- study-tables:begin -->', '<!-- study-tables:end -->'
 TITLES = {'filmtrust': 'FilmTrust', 'lastfm_2k': 'LastFM-2K',
           'amazon_video': 'Amazon-Video'}
 LABELS = {'fedrecgel': 'FedRecGEL', 'fedncf': 'FedNCF', 'sam_global': 'SAM global only',
           'sam_local': 'SAM local only', 'fedrecon': 'FedRecon', 'fedmf': 'FedMF'}
-
-
-def _cell(mean: float, std: float, count: int) -> str:
-    if count == 0 or math.isnan(mean):
-        return '—'
-    spread = f' ± {std:.4f}' if count > 1 else ''
-    return f'{mean:.4f}{spread}'
 
 
 def method_tables(runs: pd.DataFrame) -> list[str]:
@@ -80,10 +80,10 @@ def method_tables(runs: pd.DataFrame) -> list[str]:
             reference = (f'{reference[0]:.4f} / {reference[1]:.4f} ({reference[2]})'
                          if reference else '')
             lines.append(
-                f'| {label} | {_cell(row.test_hr, row.test_hr_std, row.n_test)} '
-                f'| {_cell(row.test_ndcg, row.test_ndcg_std, row.n_test)} | {row.n_test} '
-                f'| {_cell(row.valid_hr, row.valid_hr_std, row.n_valid)} '
-                f'| {_cell(row.valid_ndcg, row.valid_ndcg_std, row.n_valid)} | {row.n_valid} '
+                f'| {label} | {_report.cell(row.test_hr, row.test_hr_std, row.n_test)} '
+                f'| {_report.cell(row.test_ndcg, row.test_ndcg_std, row.n_test)} | {row.n_test} '
+                f'| {_report.cell(row.valid_hr, row.valid_hr_std, row.n_valid)} '
+                f'| {_report.cell(row.valid_ndcg, row.valid_ndcg_std, row.n_valid)} | {row.n_valid} '
                 f'| {reference} |')
         lines += ['', f'The authors\' own sweep plots sit at '
                   f'{study.AUTHORS_SWEEP_LEVEL[dataset]} (HR@10 / NDCG@10).']
@@ -148,9 +148,9 @@ def sweep_lines(runs: pd.DataFrame) -> list[str]:
     for value in study.SWEEP_GRID:
         sh, ns = table.loc[('rho_sh', value)], table.loc[('rho_ns', value)]
         lines.append(
-            f'| {value:g} | {_cell(sh.hr, sh.hr_std, sh.n)} | {_cell(sh.ndcg, sh.ndcg_std, sh.n)} '
-            f'| {int(sh.n)} | {_cell(ns.hr, ns.hr_std, ns.n)} '
-            f'| {_cell(ns.ndcg, ns.ndcg_std, ns.n)} | {int(ns.n)} |')
+            f'| {value:g} | {_report.cell(sh.hr, sh.hr_std, sh.n)} | {_report.cell(sh.ndcg, sh.ndcg_std, sh.n)} '
+            f'| {int(sh.n)} | {_report.cell(ns.hr, ns.hr_std, ns.n)} '
+            f'| {_report.cell(ns.ndcg, ns.ndcg_std, ns.n)} | {int(ns.n)} |')
     return lines + ['']
 
 
@@ -246,35 +246,6 @@ def tables_block(runs: pd.DataFrame, root: pathlib.Path) -> str:
     return '\n'.join(lines + [END])
 
 
-def write_block(path: pathlib.Path, block: str) -> None:
-    """Replaces the marked block of `path` (which must hold both markers)."""
-    text = path.read_text(encoding='utf-8')
-    if BEGIN not in text or END not in text:
-        raise DataError(f'{path} lacks the lines {BEGIN} and {END}')
-    head, rest = text.split(BEGIN, 1)
-    path.write_text(head + block + rest.split(END, 1)[1], encoding='utf-8')
-
-
-def _band(ax, frames, column, label, color):
-    series = [f[column] for f in frames if column in f]
-    if not series:
-        return
-    joined = pd.concat(series, axis=1)
-    ax.plot(joined.index, joined.mean(axis=1), color=color,
-            label=f'{label} ({joined.shape[1]} seed{"s" * (joined.shape[1] > 1)})')
-    if joined.shape[1] > 1:
-        ax.fill_between(joined.index, joined.min(axis=1), joined.max(axis=1),
-                        color=color, alpha=0.2, linewidth=0)
-
-
-def _save(fig, images: pathlib.Path, name: str, written: list[str]) -> None:
-    fig.tight_layout()
-    fig.savefig(images / name, dpi=110)
-    from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-    plt.close(fig)
-    written.append(name)
-
-
 def plot_curves(root: pathlib.Path, runs: pd.DataFrame, images: pathlib.Path) -> list[str]:
     """Writes the PNGs; returns their file names."""
     import matplotlib  # pylint: disable=g-import-not-at-top
@@ -298,7 +269,7 @@ def plot_curves(root: pathlib.Path, runs: pd.DataFrame, images: pathlib.Path) ->
                 chosen = main[(main.dataset == dataset) & (main.method == method)]
                 frames = list(study.curves(root, chosen, ['test/hr@10']).values())
                 for ax in axes[:, col]:
-                    _band(ax, frames, 'test/hr@10', LABELS[method], color)
+                    _report.band(ax, frames, 'test/hr@10', LABELS[method], color)
                 finals += [f['test/hr@10'].loc[40:] for f in frames if 'test/hr@10' in f]
             for row, ax in enumerate(axes[:, col]):
                 ax.set_title(TITLES[dataset] + (' (rounds 40 on)' if row else ''))
@@ -311,7 +282,7 @@ def plot_curves(root: pathlib.Path, runs: pd.DataFrame, images: pathlib.Path) ->
                 low, high = tail.quantile(0.02), tail.max()
                 axes[1, col].set_xlim(40, tail.index.max())
                 axes[1, col].set_ylim(low - 0.1 * (high - low), high + 0.1 * (high - low))
-        _save(fig, images, 'study_hr10.png', written)
+        _report.save(fig, images, 'study_hr10.png', written)
 
     probes = runs[runs.probe]
     datasets = [d for d in study.DATASETS if (probes.dataset == d).any()]
@@ -336,7 +307,7 @@ def plot_curves(root: pathlib.Path, runs: pd.DataFrame, images: pathlib.Path) ->
                 ax.set_ylabel(f'L(w + e) − L(w), radius {study.PROBE_RADIUS:g}')
                 ax.grid(alpha=0.3)
                 ax.legend(fontsize=8)
-        _save(fig, images, 'study_sharpness.png', written)
+        _report.save(fig, images, 'study_sharpness.png', written)
 
     table = study.sweep_table(runs)
     if table.n.any():
@@ -352,7 +323,7 @@ def plot_curves(root: pathlib.Path, runs: pd.DataFrame, images: pathlib.Path) ->
         ax.set_ylabel('FilmTrust best test HR@10')
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        _save(fig, images, 'study_sweep.png', written)
+        _report.save(fig, images, 'study_sweep.png', written)
     _plot_long(root, runs, images, written, colors)
     return written
 
@@ -368,29 +339,48 @@ def _plot_long(root, runs, images, written, colors) -> None:
         for method in dict.fromkeys(method for _, method in study.LONG_RUNS):
             chosen = long_runs[long_runs.method == method]
             frames = list(study.curves(root, chosen, [f'test/{metric}']).values())
-            _band(ax, frames, f'test/{metric}', LABELS[method], colors[method])
+            _report.band(ax, frames, f'test/{metric}', LABELS[method], colors[method])
         ax.axvline(100, color='black', linewidth=0.8, linestyle=':')
         ax.set_xlabel('round')
         ax.set_ylabel(f'test {label} (mean; band: seeds min–max)')
         ax.set_title(f'{", ".join(sorted({TITLES[d] for d in long_runs.dataset}))}: {label}')
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    _save(fig, images, 'study_long.png', written)
+    _report.save(fig, images, 'study_long.png', written)
 
 
 def main(argv: list[str]) -> int:
     del argv
     root = pathlib.Path(_ROOT.value)
+    if _PLAN.value == 'recipe':
+        return _recipe(root)
     runs = study.collect(root)
     if runs.empty:
         raise DataError(f'no finished runs under {root}; run launch/run_study.py first')
     results = pathlib.Path(_RESULTS.value)
     block = tables_block(runs, root)
-    write_block(results, block)
-    pathlib.Path(_RUNS_CSV.value).parent.mkdir(parents=True, exist_ok=True)
-    runs.sort_values('name').to_csv(_RUNS_CSV.value, index=False, float_format='%.6g')
+    _report.write_block(results, block, BEGIN, END)
+    runs_csv = _RUNS_CSV.value or 'docs/study_runs.csv'
+    pathlib.Path(runs_csv).parent.mkdir(parents=True, exist_ok=True)
+    runs.sort_values('name').to_csv(runs_csv, index=False, float_format='%.6g')
     written = plot_curves(root, runs, pathlib.Path(_IMAGES_DIR.value))
-    print(f'{len(runs)} runs: tables in {results}, rows in {_RUNS_CSV.value}, '
+    print(f'{len(runs)} runs: tables in {results}, rows in {runs_csv}, '
+          f'images {", ".join(written) or "none"} in {_IMAGES_DIR.value}')
+    return 0
+
+
+def _recipe(root: pathlib.Path) -> int:
+    runs = study.collect_recipe(root)
+    if runs.empty:
+        raise DataError(f'no finished runs under {root}; run launch/run_study.py '
+                        '--plan=recipe first')
+    results = pathlib.Path(_RESULTS.value)
+    _report.write_block(results, _recipe_report.tables_block(runs),
+                        _recipe_report.BEGIN, _recipe_report.END)
+    runs_csv = _RUNS_CSV.value or 'docs/recipe_runs.csv'
+    runs.sort_values('name').to_csv(runs_csv, index=False, float_format='%.6g')
+    written = _recipe_report.plot(root, runs, pathlib.Path(_IMAGES_DIR.value))
+    print(f'{len(runs)} runs: tables in {results}, rows in {runs_csv}, '
           f'images {", ".join(written) or "none"} in {_IMAGES_DIR.value}')
     return 0
 

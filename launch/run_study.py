@@ -58,6 +58,11 @@ _OTHER_SEEDS = flags.DEFINE_integer('other_seeds', 3, 'Seeds on the other datase
 _ONLY = flags.DEFINE_string(
     'only', None, 'Run just the runs whose name contains this text.')
 _LIST = flags.DEFINE_bool('list', False, 'Print the plan and exit.')
+_PLAN = flags.DEFINE_enum(
+    'plan', 'paper', ['paper', 'recipe'],
+    'paper: the reproduction of the paper (SPEC.md\'s protocol, every method); '
+    'recipe: the popularity floor, the central ceiling and the tuned recipe, '
+    'with a validation item, 10% held-out users and both protocols.')
 
 
 def _plan() -> list[study.Run]:
@@ -67,11 +72,14 @@ def _plan() -> list[study.Run]:
     for name in _METHODS.value:
         if name not in study.METHODS:
             raise DataError(f'unknown method {name!r}; choose from {", ".join(study.METHODS)}')
-    runs = study.study_plan(
-        seeds={'filmtrust': _FILMTRUST_SEEDS.value, 'lastfm_2k': _OTHER_SEEDS.value,
-               'amazon_video': _OTHER_SEEDS.value},
-        sweep_seeds=_SWEEP_SEEDS.value, methods=_METHODS.value,
-        datasets=_DATASETS.value)
+    if _PLAN.value == 'recipe':
+        runs = study.recipe_plan(datasets=_DATASETS.value)
+    else:
+        runs = study.study_plan(
+            seeds={'filmtrust': _FILMTRUST_SEEDS.value, 'lastfm_2k': _OTHER_SEEDS.value,
+                   'amazon_video': _OTHER_SEEDS.value},
+            sweep_seeds=_SWEEP_SEEDS.value, methods=_METHODS.value,
+            datasets=_DATASETS.value)
     if _ONLY.value:
         runs = [run for run in runs if _ONLY.value in run.name]
     return runs

@@ -22,7 +22,9 @@ from tff_fedrecgel import tasks
 from tff_fedrecgel import methods as methods_lib
 
 DATASETS = ('filmtrust', 'lastfm_2k', 'amazon_video')
-METHODS = methods_lib.METHOD_NAMES
+# The paper reproduction's methods (the floor and ceiling are the recipe study's).
+METHODS = tuple(m.name for m in methods_lib.METHODS.values()
+                if m.algorithm in (methods_lib.FEDRECGEL, methods_lib.FEDRECON))
 SWEEP_GRID = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 # Radius at which the sharpness-probe runs measure both parts' sharpness.
 PROBE_RADIUS = 0.05
@@ -50,6 +52,10 @@ class Run:
       sharpness_probe: `--sharpness_probe` radius of a probe run (its
         training equals the main run of the same seed).
       total_rounds: `--total_rounds` of a long run (None: the task's 100).
+      preset: `--preset` ('paper' or 'tuned').
+      heldout_users: `--heldout_users` fraction.
+      eval_protocol: `--eval_protocol`.
+      rounds_per_full_eval: `--rounds_per_full_eval` (None: every round).
     """
     name: str
     dataset: str
@@ -60,6 +66,10 @@ class Run:
     rho_ns: float | None = None
     sharpness_probe: float | None = None
     total_rounds: int | None = None
+    preset: str = 'paper'
+    heldout_users: float = 0.0
+    eval_protocol: str = 'sampled'
+    rounds_per_full_eval: int | None = None
 
     def flags(self, data_dir: str) -> list[str]:
         """`launch/train.py` flags of this run (without the output flags)."""
@@ -75,6 +85,14 @@ class Run:
             out.append(f'--sharpness_probe={self.sharpness_probe:g}')
         if self.total_rounds is not None:
             out.append(f'--total_rounds={self.total_rounds}')
+        if self.preset != 'paper':
+            out.append(f'--preset={self.preset}')
+        if self.heldout_users:
+            out.append(f'--heldout_users={self.heldout_users:g}')
+        if self.eval_protocol != 'sampled':
+            out.append(f'--eval_protocol={self.eval_protocol}')
+        if self.rounds_per_full_eval is not None:
+            out.append(f'--rounds_per_full_eval={self.rounds_per_full_eval}')
         return out
 
 
@@ -151,6 +169,76 @@ def study_plan(*, seeds: dict[str, int] | None = None, sweep_seeds: int = 3,
                         dataset='filmtrust', method='fedrecgel', seed=seed,
                         **overrides))
     return sorted(runs, key=_priority)
+
+
+# The recipe study (docs/RESULTS.md, "Between floor and ceiling"): every run
+# holds out a validation item and 10% of the users, and evaluates under both
+# protocols, full ranking every few rounds (it costs seconds a time).
+RECIPE_HELDOUT = 0.1
+RECIPE_FULL_EVERY = {'filmtrust': 5, 'lastfm_2k': 10, 'amazon_video': 20}
+# Epochs of the central ceiling (it peaks within a few on every dataset), and
+# its full-ranking schedule (an epoch is one round).
+CENTRAL_EPOCHS = {'filmtrust': 15, 'lastfm_2k': 12, 'amazon_video': 10}
+CENTRAL_FULL_EVERY = {'filmtrust': 1, 'lastfm_2k': 1, 'amazon_video': 2}
+RECIPE_SEEDS = 5
+BASELINE_SEEDS = 3
+# The tuned recipe's radius sweep on LastFM-2K (rho_sh, rho_ns), where the
+# federated model learns most; the task's (0.01, 0.01) is the main run.
+RECIPE_SWEEP = ((0.05, 0.01), (0.01, 0.1), (0.05, 0.1))
+RECIPE_SWEEP_SEEDS = 2
+
+
+def recipe_plan(datasets: Sequence[str] = DATASETS) -> list[Run]:
+    """The recipe study's runs, most valuable first.
+
+    Per dataset: the popularity floor and the central ceiling (3 seeds);
+    FedNCF and FedRecGEL with the tuned preset (5 seeds), and with SPEC.md's
+    protocol where the preset differs from it (3 seeds); on LastFM-2K a radius
+    sweep under the tuned preset, and SPEC.md's protocol alone (sampled
+    metrics, no users held out, both selections, 3 seeds) on the authors' tie
+    rule, to compare with their code.
+    """
+    runs = []
+    for dataset in datasets:
+        common = dict(dataset=dataset, validation=True, heldout_users=RECIPE_HELDOUT,
+                      eval_protocol='both', rounds_per_full_eval=RECIPE_FULL_EVERY[dataset])
+        runs += [Run(name=f'{dataset}/itempop_seed{s}', method='itempop', seed=s, **common)
+                 for s in range(BASELINE_SEEDS)]
+        runs += [Run(name=f'{dataset}/central_seed{s}', method='central', seed=s,
+                     total_rounds=CENTRAL_EPOCHS[dataset],
+                     **{**common, 'rounds_per_full_eval': CENTRAL_FULL_EVERY[dataset]})
+                 for s in range(BASELINE_SEEDS)]
+        tuned = bool(tasks.get_task(dataset).tuned)
+        for method in ('fedncf', 'fedrecgel'):
+            runs += [Run(name=f'{dataset}/tuned_{method}_seed{s}', method=method, seed=s,
+                         preset='tuned', **common) for s in range(RECIPE_SEEDS)]
+            if tuned:
+                runs += [Run(name=f'{dataset}/paper_{method}_seed{s}', method=method,
+                             seed=s, **common) for s in range(BASELINE_SEEDS)]
+        if dataset == 'lastfm_2k':
+            runs += [Run(name=f'{dataset}/tuned_sweep_sh{sh:g}_ns{ns:g}_seed{s}',
+                         method='fedrecgel', seed=s, preset='tuned', rho_sh=sh, rho_ns=ns,
+                         **common)
+                     for s in range(RECIPE_SWEEP_SEEDS) for sh, ns in RECIPE_SWEEP]
+            for validation in (False, True):
+                suffix = '_valid' if validation else ''
+                runs += [Run(name=f'{dataset}/splitfix_{method}{suffix}_seed{s}',
+                             dataset=dataset, method=method, seed=s, validation=validation)
+                         for method in ('fedrecgel', 'fedncf')
+                         for s in range(BASELINE_SEEDS)]
+    return sorted(runs, key=_recipe_priority)
+
+
+def _recipe_priority(run: Run) -> tuple[int, int, str]:
+    """Floors and ceilings, then three seeds of each method, then the rest."""
+    kind = run.name.split('/')[1].split('_')[0]
+    order = {'itempop': 0, 'central': 0, 'tuned': 1, 'paper': 2, 'splitfix': 3}
+    stage = order.get(kind, 4)
+    if kind == 'tuned' and 'sweep' in run.name:
+        stage = 4
+    elif kind == 'tuned' and run.seed >= BASELINE_SEEDS:
+        stage = 3
+    return stage, run.seed, run.name
 
 
 def _priority(run: Run) -> tuple[int, int]:
@@ -355,3 +443,48 @@ def curves(root: pathlib.Path, runs: pd.DataFrame, columns: Sequence[str]) -> di
             frame = pd.read_csv(path).set_index('round').sort_index()
             out[name] = frame[[c for c in columns if c in frame.columns]]
     return out
+
+
+RECIPE_SELECTIONS = ('test', 'valid', 'test_full', 'valid_full')
+
+
+def recipe_kind(name: str) -> str:
+    """'itempop', 'central', 'paper', 'tuned', 'sweep' or 'splitfix' of a run."""
+    stem = name.split('/')[1]
+    if stem.startswith('tuned_sweep'):
+        return 'sweep'
+    return stem.split('_')[0]
+
+
+def collect_recipe(root: pathlib.Path) -> pd.DataFrame:
+    """One row per finished run of the recipe study under `root`.
+
+    Columns: name, dataset, method, kind (`recipe_kind`), seed, rho_sh,
+    rho_ns, rounds, seconds_per_round, and for every selection of
+    `RECIPE_SELECTIONS` the round and every metric it recorded, named
+    `<selection>:round` and `<selection>:<group>/<metric>` (e.g.
+    `valid_full:heldout_full/hr@10`: held-out users' full-ranking HR@10 at
+    the round chosen on the validation item's full-ranking HR@10).
+    """
+    rows = []
+    for summary_path in sorted(pathlib.Path(root).glob('*/*/summary.json')):
+        summary = json.loads(summary_path.read_text())
+        hparams = json.loads((summary_path.parent / 'hparams.json').read_text())
+        name = f'{summary_path.parent.parent.name}/{summary_path.parent.name}'
+        row = {'name': name, 'dataset': hparams['task'], 'method': hparams['algorithm'],
+               'kind': recipe_kind(name), 'seed': hparams['seed'],
+               'rho_sh': hparams['rho_sh'], 'rho_ns': hparams['rho_ns'],
+               'rounds': summary['rounds'], 'seconds_per_round': summary['seconds_per_round']}
+        if 'selections' in summary:
+            for selection, record in summary['selections'].items():
+                row.update({f'{selection}:{k}': v for k, v in record.items()})
+        else:  # The sampled protocol's fields (runs without the selections).
+            row['test:round'] = summary['best_round']
+            row['test:test/hr@10'] = summary['best_test_hr@10']
+            row['test:test/ndcg@10'] = summary['best_test_ndcg@10']
+            if 'best_valid_round' in summary:
+                row['valid:round'] = summary['best_valid_round']
+                row['valid:test/hr@10'] = summary['best_valid_test_hr@10']
+                row['valid:test/ndcg@10'] = summary['best_valid_test_ndcg@10']
+        rows.append(row)
+    return pd.DataFrame(rows)

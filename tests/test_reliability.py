@@ -342,25 +342,6 @@ def test_resume_rewrites_metrics_from_the_checkpoint(simulation, reference, tmp_
     assert not list(folder.glob('*.tmp'))
 
 
-def test_legacy_checkpoint_takes_rows_from_metrics_csv(simulation, reference, tmp_path):
-    """Checkpoints written before rows were kept in them still resume."""
-    import tensorflow_federated as tff
-    from tff_fedrecgel.program import training_program
-
-    folder = tmp_path / 'run'
-    _train(simulation, folder, 4, rounds_per_checkpoint=0)
-    manager = tff.program.FileProgramStateManager(
-        str(folder / 'checkpoints'), prefix='program_state_')
-    # A round-4 state without `metrics_rows`, as older versions saved it.
-    legacy = training_program._program_state(  # pylint: disable=protected-access
-        simulation, training_program._empty_best(), training_program._empty_best(),  # pylint: disable=protected-access
-        0.0, 0.0, legacy=True)
-    _run_async(manager.save(legacy, 4))
-    summary = _train(simulation, folder, 6)
-    assert summary['rounds'] == 6
-    assert _rows(folder / 'metrics.csv') == reference
-
-
 def _scalars(log_dir):
     """Steps and values per tag, as TensorBoard's data provider loads them."""
     import tensorflow as tf
@@ -488,9 +469,9 @@ def test_rows_survive_in_the_checkpoint(simulation, tmp_path):
     manager = tff.program.FileProgramStateManager(
         str(folder / 'checkpoints'), prefix='program_state_')
     from tff_fedrecgel.program import training_program
+    from tff_fedrecgel.program.evaluation_plan import EvaluationPlan
     structure = training_program._program_state(  # pylint: disable=protected-access
-        simulation, training_program._empty_best(), training_program._empty_best(),  # pylint: disable=protected-access
-        0.0, 0.0)
+        simulation, EvaluationPlan().empty_best(), 0.0, 0.0)
     state = _run_async(manager.load(4, structure))
     rows = json.loads(state['metrics_rows'])
     assert [r['round'] for r in rows] == [1, 2, 3, 4]

@@ -222,3 +222,75 @@ def test_runner_skips_a_run_another_runner_holds(tmp_path):
     assert 'filmtrust/fedmf_seed3: skipped' in done.stdout
     assert 'study: 0 runs in' in done.stdout and '; 1 skipped' in done.stdout
     assert not (root / 'filmtrust' / 'fedmf_seed3').exists()
+
+
+# --- the recipe study --------------------------------------------------------
+
+
+def test_recipe_plan_runs_floor_ceiling_and_recipe():
+    runs = study.recipe_plan()
+    names = {run.name for run in runs}
+    assert len(names) == len(runs)
+    for dataset in study.DATASETS:
+        for seed in range(study.BASELINE_SEEDS):
+            assert f'{dataset}/itempop_seed{seed}' in names
+            assert f'{dataset}/central_seed{seed}' in names
+        for seed in range(study.RECIPE_SEEDS):
+            assert f'{dataset}/tuned_fedrecgel_seed{seed}' in names
+    # The paper's protocol only where the tuned preset differs from it.
+    assert 'lastfm_2k/paper_fedncf_seed0' in names
+    assert 'filmtrust/paper_fedncf_seed0' not in names
+    tuned = next(r for r in runs if r.name == 'lastfm_2k/tuned_fedrecgel_seed0')
+    assert tuned.flags('d')[-5:] == ['--validation', '--preset=tuned', '--heldout_users=0.1',
+                                     '--eval_protocol=both', '--rounds_per_full_eval=10']
+    assert runs[0].method in ('itempop', 'central')
+
+
+def _fake_recipe_run(root, name, *, method, seed, hr, full_hr, heldout=0.3):
+    folder = root / name.split('/')[0] / name.split('/')[1]
+    folder.mkdir(parents=True)
+    selections = {}
+    for selection in study.RECIPE_SELECTIONS:
+        full = selection.endswith('_full')
+        record = {'round': 3}
+        for group in (('test_full', 'heldout_full') if full else ('test', 'heldout')):
+            value = (full_hr if full else hr) * (1 if group.startswith('test') else heldout)
+            record.update({f'{group}/hr@10': value, f'{group}/ndcg@10': value / 2})
+            if full:
+                record[f'{group}/mrr'] = value / 3
+        selections[selection] = record
+    summary = {'rounds': 4, 'seconds_per_round': 1.0, 'selections': selections}
+    (folder / 'summary.json').write_text(json.dumps(summary))
+    (folder / 'hparams.json').write_text(json.dumps({
+        'task': name.split('/')[0], 'algorithm': method, 'seed': seed,
+        'rho_sh': 0.01, 'rho_ns': 0.01}))
+    pd.DataFrame({'round': range(1, 5), 'test/hr@10': np.linspace(0.1, hr, 4),
+                  'test_full/hr@10': [np.nan, np.nan, full_hr / 2, full_hr]}).to_csv(
+                      folder / 'metrics.csv', index=False)
+
+
+def test_recipe_report_tables_gap_closure_and_figure(tmp_path):
+    from launch import _recipe_report
+    root = tmp_path / 'recipe'
+    for seed in range(2):
+        _fake_recipe_run(root, f'lastfm_2k/itempop_seed{seed}', method='itempop', seed=seed,
+                         hr=0.6, full_hr=0.05)
+        _fake_recipe_run(root, f'lastfm_2k/central_seed{seed}', method='central', seed=seed,
+                         hr=0.9, full_hr=0.30)
+        for kind, bump in (('paper', 0.0), ('tuned', 0.2)):
+            for method, extra in (('fedncf', 0.0), ('fedrecgel', 0.01 * (seed + 1))):
+                _fake_recipe_run(root, f'lastfm_2k/{kind}_{method}_seed{seed}',
+                                 method=method, seed=seed, hr=0.65 + bump + extra,
+                                 full_hr=0.1 + bump / 2)
+    runs = study.collect_recipe(root)
+    assert set(runs.kind) == {'itempop', 'central', 'paper', 'tuned'}
+    # (0.85 - 0.6) / (0.9 - 0.6) for tuned FedNCF, on the validation selection.
+    assert _recipe_report.gap_closure(runs, 'lastfm_2k', 'tuned', 'fedncf') == (
+        pytest.approx(0.25 / 0.3))
+    block = _recipe_report.tables_block(runs)
+    assert block.startswith(_recipe_report.BEGIN) and block.endswith(_recipe_report.END)
+    assert '| FedRecGEL, tuned preset |' in block and '| 0.83 |' in block
+    # Paired: FedRecGEL is 1 and 2 points up on the two seeds.
+    assert '+1.50 ± 0.71 (2/2 up)' in block
+    assert _recipe_report.plot(root, runs, tmp_path / 'images') == ['recipe_hr10.png']
+    assert (tmp_path / 'images' / 'recipe_hr10.png').stat().st_size > 1000
