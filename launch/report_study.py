@@ -375,7 +375,10 @@ def _recipe(root: pathlib.Path) -> int:
         raise DataError(f'no finished runs under {root}; run launch/run_study.py '
                         '--plan=recipe first')
     results = pathlib.Path(_RESULTS.value)
-    _report.write_block(results, _recipe_report.tables_block(runs),
+    previous = None  # The paper study's runs, for its methods' rows.
+    if pathlib.Path('docs/study_runs.csv').exists():
+        previous = pd.read_csv('docs/study_runs.csv')
+    _report.write_block(results, _recipe_report.tables_block(runs, previous),
                         _recipe_report.BEGIN, _recipe_report.END)
     runs_csv = _RUNS_CSV.value or 'docs/recipe_runs.csv'
     runs.sort_values('name').to_csv(runs_csv, index=False, float_format='%.6g')

@@ -215,6 +215,15 @@ def recipe_plan(datasets: Sequence[str] = DATASETS) -> list[Run]:
             if tuned:
                 runs += [Run(name=f'{dataset}/paper_{method}_seed{s}', method=method,
                              seed=s, **common) for s in range(BASELINE_SEEDS)]
+        # The floor and the ceiling under SPEC.md's protocol alone, beside the
+        # paper reproduction's tables.
+        for validation in (False, True):
+            suffix = '_valid' if validation else ''
+            runs += [Run(name=f'{dataset}/paperbase_itempop{suffix}_seed0', dataset=dataset,
+                         method='itempop', seed=0, validation=validation),
+                     Run(name=f'{dataset}/paperbase_central{suffix}_seed0', dataset=dataset,
+                         method='central', seed=0, validation=validation,
+                         total_rounds=CENTRAL_EPOCHS[dataset])]
         if dataset == 'lastfm_2k':
             runs += [Run(name=f'{dataset}/tuned_sweep_sh{sh:g}_ns{ns:g}_seed{s}',
                          method='fedrecgel', seed=s, preset='tuned', rho_sh=sh, rho_ns=ns,
@@ -232,7 +241,8 @@ def recipe_plan(datasets: Sequence[str] = DATASETS) -> list[Run]:
 def _recipe_priority(run: Run) -> tuple[int, int, str]:
     """Floors and ceilings, then three seeds of each method, then the rest."""
     kind = run.name.split('/')[1].split('_')[0]
-    order = {'itempop': 0, 'central': 0, 'tuned': 1, 'paper': 2, 'splitfix': 3}
+    order = {'itempop': 0, 'central': 0, 'tuned': 1, 'paper': 2, 'splitfix': 3,
+             'paperbase': 3}
     stage = order.get(kind, 4)
     if kind == 'tuned' and 'sweep' in run.name:
         stage = 4
@@ -449,7 +459,8 @@ RECIPE_SELECTIONS = ('test', 'valid', 'test_full', 'valid_full')
 
 
 def recipe_kind(name: str) -> str:
-    """'itempop', 'central', 'paper', 'tuned', 'sweep' or 'splitfix' of a run."""
+    """'itempop', 'central', 'paper', 'tuned', 'sweep', 'splitfix' or
+    'paperbase' (the floor or ceiling under SPEC.md's protocol) of a run."""
     stem = name.split('/')[1]
     if stem.startswith('tuned_sweep'):
         return 'sweep'
