@@ -71,18 +71,6 @@ def _check_tables(config: neumf.ModelConfig, tables: Sequence[np.ndarray],
     return tables
 
 
-def _global_tensors(config: neumf.ModelConfig, global_weights) -> list[tf.Tensor]:
-    specs = neumf.global_weight_specs(config)
-    weights = [tf.convert_to_tensor(w, tf.float32) for w in global_weights]
-    if len(weights) != len(specs) or any(
-            not w.shape.is_compatible_with(s.shape) for w, s in zip(weights, specs)):
-        raise ValueError(
-            'global_weights do not match the config: got '
-            f'{[tuple(w.shape) for w in weights]}, expected '
-            f'{[tuple(s.shape) for s in specs]}')
-    return weights
-
-
 def evaluate_users(
     model_config: neumf.ModelConfig,
     global_weights: Sequence[np.ndarray],
@@ -119,7 +107,7 @@ def evaluate_users(
     num_users = candidates.shape[0]
     tables = _check_tables(model_config, local_tables, num_users)
     candidates = candidates.astype(np.int32)
-    weights = _global_tensors(model_config, global_weights)
+    weights = neumf.global_tensors(model_config, global_weights)
     score = _batch_scorer(model_config, ranking.check_top_ks(top_ks))
     totals = collections.OrderedDict((k, 0.0) for k in ranking.metric_names(top_ks))
     for start in range(0, num_users, batch_size):
@@ -265,7 +253,7 @@ def reconstruct_local_tables(
     """
     if not len(batches):
         raise ValueError('batches is empty')
-    weights_in = _global_tensors(model_config, global_weights)
+    weights_in = neumf.global_tensors(model_config, global_weights)
     reconstruct = _batch_reconstructor(model_config, work)
     tables = [np.zeros((len(batches), d), np.float32) for d in model_config.local_dims]
     groups = batching.group_by_length([len(i) for i, _ in batches],

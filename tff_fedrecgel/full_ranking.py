@@ -206,20 +206,6 @@ def _block_ranker(config: neumf.ModelConfig, item_block: int):
     return rank_block
 
 
-def _check_weights(config: neumf.ModelConfig, global_weights) -> list[tf.Tensor]:
-    specs = neumf.global_weight_specs(config)
-    weights = [tf.convert_to_tensor(w, tf.float32) for w in global_weights]
-    if len(weights) != len(specs) or any(
-        not w.shape.is_compatible_with(s.shape) for w, s in zip(weights, specs)
-    ):
-        raise ValueError(
-            'global_weights do not match the config: got '
-            f'{[tuple(w.shape) for w in weights]}, expected '
-            f'{[tuple(s.shape) for s in specs]}'
-        )
-    return weights
-
-
 def _excluded_pairs(train_csr, heldout: np.ndarray, num_items: int):
     """Unique (user, item) training pairs without each user's target, sorted."""
     indptr, items = (np.asarray(a) for a in train_csr)
@@ -261,7 +247,7 @@ def _full_ranks(config, global_weights, local_tables, heldout_items, train_csr,
         )
     pair_users, pair_items = _excluded_pairs(train_csr, heldout, num_items)
     rank_block = _block_ranker(config, int(item_block))
-    side = _item_sider(config)(_check_weights(config, global_weights))
+    side = _item_sider(config)(neumf.global_tensors(config, global_weights))
     bounds = np.searchsorted(pair_users, np.arange(num_users + 1))
     ranks = []
     for start in range(0, num_users, users_per_call):

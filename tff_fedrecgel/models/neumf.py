@@ -291,6 +291,23 @@ def global_weight_specs(config: ModelConfig) -> list[tf.TensorSpec]:
                     tf.TensorSpec([1], tf.float32)]
 
 
+def global_tensors(config: ModelConfig, global_weights: Sequence) -> list[tf.Tensor]:
+    """The global weights as float32 tensors, checked against `config`.
+
+    Raises:
+      ValueError: If their number or shapes do not match.
+    """
+    specs = global_weight_specs(config)
+    weights = [tf.convert_to_tensor(w, tf.float32) for w in global_weights]
+    if len(weights) != len(specs) or any(
+            not w.shape.is_compatible_with(s.shape) for w, s in zip(weights, specs)):
+        raise ValueError(
+            'global_weights do not match the config: got '
+            f'{[tuple(w.shape) for w in weights]}, expected '
+            f'{[tuple(s.shape) for s in specs]}')
+    return weights
+
+
 def local_weight_specs(config: ModelConfig, *, num_users: int | None = 1
                        ) -> list[tf.TensorSpec]:
     """Shapes of the user embedding tables (`NeuMF.local_variables` order)."""
