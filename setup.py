@@ -39,8 +39,9 @@ setuptools.setup(
         'tqdm>=4.64',
     ],
     extras_require={
-        # Test tools.
-        'dev': ['pytest>=8', 'pytest-timeout>=2.3'],
+        # Test tools (nbclient, nbformat and ipykernel run docs/*.ipynb).
+        'dev': ['pytest>=8', 'pytest-timeout>=2.3', 'nbclient>=0.10',
+                'nbformat>=5.9', 'ipykernel>=6.29'],
         # launch/report_study.py's figures.
         'plots': ['matplotlib>=3.8'],
     },
