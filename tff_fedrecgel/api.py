@@ -37,11 +37,13 @@ TensorFlow is imported when an `Experiment` is built, not on import.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 from collections.abc import Callable, Mapping
 import dataclasses
 import os
 import pathlib
+import threading
 from typing import Any
 
 from tff_fedrecgel import methods
@@ -323,6 +325,56 @@ def prepare_data(task: str, *, data_dir: str | os.PathLike | None = None,
                                      cache_dir=cache_dir, **options)
 
 
+class _StopTraining(KeyboardInterrupt):
+    """Raised in the training thread at a round's end after an interrupt."""
+
+
+def _run_training_here_or_in_thread(run: Callable[[Callable[[], None]], Any]) -> Any:
+    """Calls `run(check_stop)` where the training program can drive its loop.
+
+    The training program runs its own asyncio event loop (checkpoints,
+    releases), which cannot run in a thread that already runs one, as a
+    Jupyter kernel's main thread does. There it runs in a thread, with this
+    thread's TFF context (TFF's context stack is per thread); an interrupt of
+    the kernel stops it at the end of the current round.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return run(lambda: None)
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+    context = tff.framework.get_context_stack().current
+    stop = threading.Event()
+    outcome = {}
+
+    def check_stop():
+        if stop.is_set():
+            raise _StopTraining()
+
+    def target():
+        try:
+            with tff.framework.get_context_stack().install(context):
+                outcome['value'] = run(check_stop)
+        except BaseException as e:  # pylint: disable=broad-except
+            outcome['error'] = e
+
+    thread = threading.Thread(target=target, name='fedrecgel-training', daemon=True)
+    thread.start()
+    while thread.is_alive():
+        try:
+            thread.join(0.1)
+        except KeyboardInterrupt:
+            stop.set()
+    if isinstance(outcome.get('error'), _StopTraining) or (
+            stop.is_set() and 'error' not in outcome):
+        raise KeyboardInterrupt('training interrupted; train() again resumes from the '
+                                'latest checkpoint')
+    if 'error' in outcome:
+        raise outcome['error']
+    return outcome['value']
+
+
 def _load_split(run_settings: Settings) -> Split:
     return prepare_data(run_settings.task, data_dir=run_settings.data_dir,
                         validation=run_settings.validation, **run_settings.data_options)
@@ -410,17 +462,27 @@ class Experiment:
             self.settings, total_rounds=total_rounds)
         hparams = run_settings.hparams()
         ensure_session()
+
+        def run(check_stop):
+            def round_end(round_num, released):
+                if on_round_end is not None:
+                    on_round_end(round_num, released)
+                check_stop()
+
+            return program.run_training(
+                self.simulation, paths=paths, total_rounds=run_settings.total_rounds,
+                rounds_per_eval=run_settings.rounds_per_eval,
+                rounds_per_checkpoint=run_settings.rounds_per_checkpoint,
+                hparams=hparams, validation=run_settings.validation, progress=progress,
+                on_round_end=round_end)
+
         with program.lock_experiment(root_output_dir=self.paths.root.parent,
                                      experiment_name=self.paths.root.name) as paths:
             program.check_hparams(paths, hparams)
             program.prepare_experiment(root_output_dir=paths.root.parent,
                                        experiment_name=paths.root.name, hparams=hparams)
-            summary = program.run_training(
-                self.simulation, paths=paths, total_rounds=run_settings.total_rounds,
-                rounds_per_eval=run_settings.rounds_per_eval,
-                rounds_per_checkpoint=run_settings.rounds_per_checkpoint,
-                hparams=hparams, validation=run_settings.validation, progress=progress,
-                on_round_end=on_round_end)
+            self._has_state = False
+            summary = _run_training_here_or_in_thread(run)
         self.settings = run_settings
         self._has_state = True
         return summary
