@@ -1,4 +1,4 @@
-r"""Exports the TFF computations a FedRecGEL deployment needs.
+r"""Exports the TFF computations a FedRecGEL deployment needs, or a trained model.
 
 Examples (from the repository root)::
 
@@ -6,6 +6,15 @@ Examples (from the repository root)::
         --output_dir=export/synthetic
     .venv/bin/python launch/export.py --task=filmtrust \
         --data_dir=/path/to/filmtrust --output_dir=export/filmtrust
+    .venv/bin/python launch/export.py --run_dir=runs/filmtrust_fedrecgel_seed0 \
+        --output_dir=export/filmtrust_trained
+
+With --run_dir, the trained model of a run's latest checkpoint: a TensorFlow
+SavedModel holding the global weights, with functions that score every item
+for a user embedding, rebuild a user embedding from interactions and return
+a top-K in original ids (`tff_fedrecgel/serving.py`), plus model.json and
+items.csv. It loads with plain `tf.saved_model.load`, without this project.
+The settings come from the run (no --task or algorithm flags).
 
 The task only determines the item count (read from its data; synthetic needs
 none) and the default SAM radii; everything else comes from the flags, with
@@ -15,7 +24,8 @@ initialize, next, federated_evaluation, client_update, server_update,
 mapreduce_round and its MapReduceForm and DistributeAggregateForm pieces), the
 two forms' summaries, and manifest.json (file, type signature and side of every
 computation, the hyperparameters baked in, bytes per device and round). See
-docs/PRODUCTION.md. The last printed line is one JSON object.
+docs/PRODUCTION.md (and docs/API.md for the trained model). The last printed
+line is one JSON object.
 """
 
 from __future__ import annotations
@@ -51,6 +61,9 @@ _OUTPUT_DIR = flags.DEFINE_string(
     'output_dir', None, 'Folder for the exported computations (required).')
 _OVERWRITE = flags.DEFINE_bool(
     'overwrite', False, 'Write into a non-empty --output_dir.')
+_RUN_DIR = flags.DEFINE_string(
+    'run_dir', None, 'Export the trained model of this run folder (written by '
+    'launch/train.py) instead of the computations.')
 
 
 def _check_output_dir(path: str) -> str:
@@ -76,9 +89,51 @@ def _folder_bytes(path: str, names: list[str]) -> int:
     return sum(os.path.getsize(os.path.join(path, n)) for n in names)
 
 
+def _check_run_flags() -> None:
+    """--run_dir takes every setting from the run (--data_dir may move it)."""
+    given = sorted(f'--{holder.name}' for module in (algo, _data_flags)
+                   for holder in vars(module).values()
+                   if isinstance(holder, flags.FlagHolder) and holder.present
+                   and holder is not _data_flags.DATA_DIR)
+    if given:
+        raise DataError(f'--run_dir takes the settings of the run; drop {", ".join(given)}')
+    if not _OUTPUT_DIR.value:
+        raise DataError('--output_dir is required')
+
+
+def _export_run(output_dir: str) -> int:
+    """--run_dir: the trained model of the run's latest checkpoint."""
+    from tff_fedrecgel import api  # pylint: disable=g-import-not-at-top
+
+    run_settings, foreign, split = api.read_run(_RUN_DIR.value,
+                                                data_dir=_data_flags.DATA_DIR.value)
+    with api.Session():
+        experiment = api.Experiment(run_settings, run_dir=_RUN_DIR.value, split=split,
+                                    foreign_settings=foreign)
+        round_num = experiment.restore()
+        print(f'{run_settings.task} {run_settings.algorithm}, round {round_num}: '
+              f'exporting the trained model to {output_dir}', flush=True)
+        info = experiment.export(output_dir)
+    files = [os.path.join(d, f) for d, _, names in os.walk(output_dir) for f in names]
+    print(json.dumps({
+        'output_dir': output_dir,
+        'run_dir': str(experiment.paths.root),
+        'round': round_num,
+        'saved_model': os.path.join(output_dir, info['saved_model']),
+        'num_items': info['num_items'],
+        'embedding_widths': info['embedding_widths'],
+        'files': len(files),
+        'total_bytes': sum(os.path.getsize(f) for f in files),
+    }), flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     """Entry point."""
     del argv  # Stray arguments are refused by _entry.run_main.
+    if _RUN_DIR.value:
+        _check_run_flags()
+        return _export_run(_check_output_dir(_OUTPUT_DIR.value))
     task = algo.selected_task()
     if not _OUTPUT_DIR.value:
         raise DataError('--output_dir is required')

@@ -373,6 +373,10 @@ def test_distribute_aggregate_form_by_hand_matches_round(exported, rounds):
     (('--task=synthetic', '--output_dir={tmp}/full'), 'not empty'),
     (('--task=synthetic', '--algorithm=fedncf', '--rho_sh=0.1',
       '--output_dir={tmp}/o'), 'fedncf sets --rho_sh=0.0'),
+    (('--run_dir={tmp}/missing', '--output_dir={tmp}/o'), 'run folder not found'),
+    (('--run_dir={tmp}/full', '--output_dir={tmp}/o'), 'not a run folder'),
+    (('--run_dir={tmp}/full', '--task=synthetic', '--output_dir={tmp}/o'),
+     'drop --task'),
 ])
 def test_bad_input_is_one_line(tmp_path, args, fragment):
     (tmp_path / 'full').mkdir()

@@ -1,0 +1,456 @@
+"""The Python API: data, training, evaluation, checkpoints and recommendations.
+
+For scripts and notebooks, with plain arguments (no absl flags)::
+
+    from tff_fedrecgel import api
+
+    with api.Session():                        # TFF's worker lives inside
+        experiment = api.experiment(
+            'synthetic', run_dir='runs/demo', total_rounds=5)
+        summary = experiment.train()           # checkpoints in runs/demo
+        print(experiment.evaluate())           # HR@K / NDCG@K of every user
+        print(experiment.recommend(user_id=3, k=10))
+
+    with api.Session():
+        experiment = api.load_run('runs/demo')  # any run folder, also
+        experiment.export('export/demo')        # launch/train.py's
+
+The pieces, each what the library already has:
+* `Session`: TFF's execution context on a worker owned by this process
+  (`runtime.LocalRuntime`); leaving the `with` block, `close()`, the end
+  of the process or of a notebook's kernel stops the worker. Without an
+  open session, the first computation opens one that lasts until the
+  process ends.
+* `settings` / `Settings`: every setting of a run, the task's defaults
+  (`tasks.Task`: SAM radii, rounds, client fraction) filled in; the same
+  names and values as `launch/train.py`'s flags and `hparams.json`.
+* `Experiment`: `simulation.build_simulation` trained by
+  `program.run_training` in a run folder (locked while training, resumed
+  from its latest checkpoint), evaluated with `Simulation.evaluate`, turned
+  into a `recommendation.TrainedModel` for top-K lists in original ids, and
+  exported with `serving.export_saved_model`.
+* `load_run`: a finished (or running) run folder back as an `Experiment`
+  at its latest checkpoint (`program.run_folder`).
+
+TensorFlow is imported when an `Experiment` is built, not on import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+from collections.abc import Callable, Mapping
+import dataclasses
+import os
+import pathlib
+import threading
+from typing import Any
+
+from tff_fedrecgel import methods
+from tff_fedrecgel import runtime
+from tff_fedrecgel import tasks
+from tff_fedrecgel.data.preprocess import Split
+from tff_fedrecgel.program import outputs
+from tff_fedrecgel.program import run_folder
+from tff_fedrecgel.run_settings import Settings
+from tff_fedrecgel.run_settings import settings
+
+get_task = tasks.get_task
+TASK_NAMES = tasks.TASK_NAMES
+METHOD_NAMES = methods.METHOD_NAMES
+
+
+# ---------------------------------------------------------------------------
+# The TFF runtime.
+
+_open_sessions: list['Session'] = []
+_exit_hook = []
+
+
+def _register_exit_hook() -> None:
+    """At exit, also stop workers TFF started itself and leave TFF an inert
+    context (its default one fails noisily when collected at teardown)."""
+    if not _exit_hook:
+        atexit.register(runtime.shutdown_tff_workers)
+        _exit_hook.append(True)
+
+
+class Session:
+    """TFF's execution context and its worker process, for this process.
+
+    Use as a context manager (`with api.Session():`), or keep the object
+    and call `close()` (a notebook). The worker starts at the first
+    computation and stops on `close()`, at the end of the `with` block, or
+    with the process, however it ends (`runtime.LocalRuntime`).
+    """
+
+    def __init__(self, *, max_concurrent_computation_calls: int = -1):
+        """Opens the session: TFF computations run on its worker from now on.
+
+        Args:
+          max_concurrent_computation_calls: As TFF's local context (-1: no
+            limit).
+        """
+        _register_exit_hook()
+        self._runtime = runtime.LocalRuntime(
+            max_concurrent_computation_calls=max_concurrent_computation_calls).install()
+        _open_sessions.append(self)
+
+    @property
+    def open(self) -> bool:
+        return self in _open_sessions
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The pid of the session's TFF worker while it runs, else None."""
+        return self._runtime.worker_pid
+
+    def close(self) -> None:
+        """Stops the worker and puts back the previous context (idempotent)."""
+        self._runtime.stop()
+        if self in _open_sessions:
+            _open_sessions.remove(self)
+
+    def __enter__(self) -> 'Session':
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @staticmethod
+    def current() -> 'Session | None':
+        """The innermost open session, or None."""
+        return _open_sessions[-1] if _open_sessions else None
+
+
+def ensure_session() -> Session:
+    """The open session; opens one (lasting until the process ends) if none is."""
+    return Session.current() or Session()
+
+
+def prepare_data(task: str, *, data_dir: str | os.PathLike | None = None,
+                 validation: bool = False, cache_dir: str | os.PathLike | None = None,
+                 **options: Any) -> Split:
+    """A task's split (`tasks.Task.load_split`).
+
+    Args:
+      task: A name of `TASK_NAMES`.
+      data_dir: Folder of the raw file (docs/DATA.md); not for synthetic.
+      validation: Also hold out each user's second-latest interaction.
+      cache_dir: Folder for the split files (reused while the raw file and
+        the options are unchanged; `launch/prepare_data.py` writes the same).
+      **options: Reader options of the task.
+
+    Returns:
+      The split, with its id maps.
+
+    Raises:
+      DataError: On missing or malformed data, or unknown options.
+    """
+    return get_task(task).load_split(data_dir=data_dir, validation=validation,
+                                     cache_dir=cache_dir, **options)
+
+
+class _StopTraining(KeyboardInterrupt):
+    """Raised in the training thread at a round's end after an interrupt."""
+
+
+def _run_training_here_or_in_thread(run: Callable[[Callable[[], None]], Any]) -> Any:
+    """Calls `run(check_stop)` where the training program can drive its loop.
+
+    The training program runs its own asyncio event loop (checkpoints,
+    releases), which cannot run in a thread that already runs one, as a
+    Jupyter kernel's main thread does. There it runs in a thread, with this
+    thread's TFF context (TFF's context stack is per thread); an interrupt of
+    the kernel stops it at the end of the current round.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return run(lambda: None)
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+    context = tff.framework.get_context_stack().current
+    stop = threading.Event()
+    outcome = {}
+
+    def check_stop():
+        if stop.is_set():
+            raise _StopTraining()
+
+    def target():
+        try:
+            with tff.framework.get_context_stack().install(context):
+                outcome['value'] = run(check_stop)
+        except BaseException as e:  # pylint: disable=broad-except
+            outcome['error'] = e
+
+    thread = threading.Thread(target=target, name='fedrecgel-training', daemon=True)
+    thread.start()
+    while thread.is_alive():
+        try:
+            thread.join(0.1)
+        except KeyboardInterrupt:
+            stop.set()
+    if isinstance(outcome.get('error'), _StopTraining) or (
+            stop.is_set() and 'error' not in outcome):
+        raise KeyboardInterrupt('training interrupted; train() again resumes from the '
+                                'latest checkpoint')
+    if 'error' in outcome:
+        raise outcome['error']
+    return outcome['value']
+
+
+def _load_split(run_settings: Settings) -> Split:
+    return prepare_data(run_settings.task, data_dir=run_settings.data_dir,
+                        validation=run_settings.validation, **run_settings.data_options)
+
+
+# ---------------------------------------------------------------------------
+# Experiments.
+
+
+class Experiment:
+    """One run: its simulation, its folder, and what can be done with it.
+
+    The run folder holds what `launch/train.py` writes (`hparams.json`,
+    `metrics.csv`, `tensorboard/`, `checkpoints/`, `summary.json`), so either
+    can continue or read the other's runs.
+    """
+
+    def __init__(self, run_settings: Settings, *, run_dir: str | os.PathLike,
+                 split: Split | None = None, foreign_settings: tuple[str, ...] = ()):
+        """Builds the simulation (untrained until `train` or `restore`).
+
+        Args:
+          run_settings: The run's settings.
+          run_dir: The run folder (created by `train`).
+          split: The data (default: loaded from the settings).
+          foreign_settings: Recorded settings the API does not reproduce
+            (`Settings.from_hparams`); `train` refuses to continue then.
+
+        Raises:
+          DataError: On bad data.
+          ValueError: On inconsistent settings.
+        """
+        from tff_fedrecgel import simulation  # pylint: disable=g-import-not-at-top
+
+        root = pathlib.Path(run_dir).expanduser().resolve()
+        outputs.check_experiment_name(root.name)
+        self.paths = outputs.ExperimentPaths(root)
+        self.settings = run_settings
+        self.split = split if split is not None else _load_split(run_settings)
+        self.foreign_settings = tuple(foreign_settings)
+        clients = run_settings.clients_per_round or simulation.clients_per_round_for(
+            self.split.num_users, run_settings.client_fraction)
+        self.simulation = simulation.build_simulation(
+            split=self.split, method=run_settings.algorithm,
+            work=run_settings.client_work(), clients_per_round=clients,
+            seed=run_settings.seed, server_lr=run_settings.server_lr,
+            users_per_client=1 if run_settings.simulation == 'per_user' else None,
+            max_group_examples=run_settings.max_group_examples,
+            sharpness_probe=run_settings.sharpness_probe,
+            heldout_fraction=run_settings.heldout_fraction)
+        self._has_state = False
+
+    @property
+    def round_num(self) -> int:
+        """Rounds the model has been trained (0 before training or restoring)."""
+        return self.simulation.round_num
+
+    def train(self, *, total_rounds: int | None = None, progress: bool = False,
+              on_round_end: Callable[[int, Mapping[str, Any]], None] | None = None
+              ) -> dict[str, Any]:
+        """Trains to `total_rounds`, resuming from the run's latest checkpoint.
+
+        Args:
+          total_rounds: The last round (default: the settings'); a later call
+            with more rounds continues the run.
+          progress: Show a progress bar.
+          on_round_end: Called with (round, that round's metrics).
+
+        Returns:
+          The summary (also in `summary.json`).
+
+        Raises:
+          ValueError: If the folder holds a run with other settings, or is in
+            use by another process.
+          OSError: If an output cannot be written.
+        """
+        if self.foreign_settings:
+            raise ValueError(
+                f'{self.paths.root} was trained with settings the Python API does not '
+                f'reproduce ({", ".join(self.foreign_settings)}); continue it with '
+                'launch/train.py')
+        from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
+
+        run_settings = self.settings if total_rounds is None else dataclasses.replace(
+            self.settings, total_rounds=total_rounds)
+        hparams = run_settings.hparams()
+        ensure_session()
+
+        def run(check_stop):
+            def round_end(round_num, released):
+                if on_round_end is not None:
+                    on_round_end(round_num, released)
+                check_stop()
+
+            return program.run_training(
+                self.simulation, paths=paths, total_rounds=run_settings.total_rounds,
+                rounds_per_eval=run_settings.rounds_per_eval,
+                rounds_per_checkpoint=run_settings.rounds_per_checkpoint,
+                hparams=hparams, validation=run_settings.validation, progress=progress,
+                on_round_end=round_end)
+
+        with program.lock_experiment(root_output_dir=self.paths.root.parent,
+                                     experiment_name=self.paths.root.name) as paths:
+            program.check_hparams(paths, hparams)
+            program.prepare_experiment(root_output_dir=paths.root.parent,
+                                       experiment_name=paths.root.name, hparams=hparams)
+            self._has_state = False
+            summary = _run_training_here_or_in_thread(run)
+        self.settings = run_settings
+        self._has_state = True
+        return summary
+
+    def restore(self, *, round_num: int | None = None) -> int:
+        """Loads a checkpoint of the run (default: the latest readable one).
+
+        Returns:
+          The checkpoint's round.
+
+        Raises:
+          RunFolderError: If the run has no such checkpoint.
+        """
+        version, state = run_folder.load_checkpoint(self.paths.root, round_num=round_num)
+        ensure_session()
+        self.simulation.restore(state['simulation'])
+        self._has_state = True
+        return version
+
+    def _ensure_state(self) -> None:
+        """Before the first use: the latest checkpoint, else the initial model."""
+        if self._has_state:
+            return
+        ensure_session()
+        if self.paths.hparams.exists() and run_folder.checkpoint_rounds(self.paths.root):
+            self.restore()
+        else:
+            self.simulation.initialize()
+            self._has_state = True
+
+    def evaluate(self, which: str = 'test', *, heldout: bool = False) -> dict[str, float]:
+        """HR@K and NDCG@K of every training (or held-out) user (`Simulation.evaluate`).
+
+        Args:
+          which: 'test' or 'valid' (with `validation`).
+          heldout: The users held out of training instead.
+        """
+        self._ensure_state()
+        return self.simulation.evaluate(which, heldout=heldout)
+
+    def metrics(self):
+        """Every finished round's metrics (`metrics.csv`) as a pandas DataFrame
+        indexed by round (empty before the first round)."""
+        import pandas as pd  # pylint: disable=g-import-not-at-top
+
+        if not self.paths.metrics_csv.exists():
+            return pd.DataFrame(index=pd.Index([], name='round'))
+        return pd.read_csv(self.paths.metrics_csv).set_index('round')
+
+    def model(self):
+        """The current model as a `recommendation.TrainedModel`."""
+        from tff_fedrecgel.recommendation import TrainedModel  # pylint: disable=g-import-not-at-top
+
+        self._ensure_state()
+        return TrainedModel.from_simulation(self.simulation)
+
+    def recommend(self, user_id: Any = None, *, items: list[Any] | None = None,
+                  k: int = 10):
+        """A user's top-`k` items in original ids (`TrainedModel.recommend`).
+
+        Args:
+          user_id: A user of the data (original id), or None with `items`.
+          items: The items (original ids) of a new user.
+          k: How many.
+
+        Returns:
+          A list of `recommendation.Recommendation`, best first.
+        """
+        return self.model().recommend(user_id, items=items, k=k)
+
+    def export(self, output_dir: str | os.PathLike) -> dict[str, Any]:
+        """Writes the trained model as a SavedModel (`serving.export_saved_model`).
+
+        Returns:
+          The written `model.json`.
+        """
+        from tff_fedrecgel import serving  # pylint: disable=g-import-not-at-top
+
+        return serving.export_saved_model(self.model(), output_dir, metadata={
+            'run_dir': str(self.paths.root), 'round': self.round_num,
+            'settings': self.settings.hparams()})
+
+
+def experiment(task: str, *, run_dir: str | os.PathLike, split: Split | None = None,
+               **settings_args: Any) -> Experiment:
+    """A new (or resumed) run of `task` in `run_dir`.
+
+    Args:
+      task: A name of `TASK_NAMES`.
+      run_dir: The run folder; a folder holding a run with the same settings
+        resumes it.
+      split: The data (default: `prepare_data` with the settings' `data_dir`,
+        `validation` and `data_options`).
+      **settings_args: As `settings` (algorithm, radii, rounds, data_dir, ...).
+
+    Returns:
+      The `Experiment`.
+    """
+    return Experiment(settings(task, **settings_args), run_dir=run_dir, split=split)
+
+
+def read_run(run_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = None
+             ) -> tuple[Settings, tuple[str, ...], Split]:
+    """A run folder's settings and data, checked (imports no TensorFlow).
+
+    Args:
+      run_dir: The run folder.
+      data_dir: Where the raw data is now, if not where the run read it.
+
+    Returns:
+      `(settings, foreign settings, split)`.
+
+    Raises:
+      RunFolderError: If the folder, its settings or a checkpoint is missing.
+      DataError: If the data cannot be read.
+    """
+    hparams = run_folder.read_hparams(run_dir)
+    run_folder.check_has_checkpoint(run_dir)
+    run_settings, foreign = Settings.from_hparams(hparams)
+    if data_dir is not None:
+        run_settings = dataclasses.replace(run_settings, data_dir=os.fspath(data_dir))
+    return run_settings, tuple(foreign), _load_split(run_settings)
+
+
+def load_run(run_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = None,
+             round_num: int | None = None) -> Experiment:
+    """A run folder back as an `Experiment`, at its latest checkpoint.
+
+    Args:
+      run_dir: A folder written by `launch/train.py` or `Experiment.train`.
+      data_dir: Where the raw data is now, if not where the run read it.
+      round_num: A checkpoint's round (default: the latest).
+
+    Returns:
+      The restored `Experiment`.
+
+    Raises:
+      RunFolderError: If the folder, its settings or the checkpoint is missing.
+      DataError: If the data cannot be read.
+    """
+    run_settings, foreign, split = read_run(run_dir, data_dir=data_dir)
+    loaded = Experiment(run_settings, run_dir=run_dir, split=split,
+                        foreign_settings=foreign)
+    loaded.restore(round_num=round_num)
+    return loaded
