@@ -44,6 +44,7 @@ from absl import logging
 from launch import _algorithm_flags as algo
 from launch import _data_flags
 from tff_fedrecgel import methods
+from tff_fedrecgel import run_settings
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # --help lists the shared flags this script uses with its own.
@@ -288,16 +289,10 @@ def main(argv: list[str]) -> int:
     split = task.load_split(
         data_dir=_data_flags.DATA_DIR.value, validation=settings['validation'],
         **_data_flags.task_options(task))
-    from tff_fedrecgel.data.client_data import heldout_users_for  # pylint: disable=g-import-not-at-top
-    population = split.num_users - len(heldout_users_for(split.num_users,
-                                                         settings['heldout_users']))
-    if settings['clients_per_round'] is not None:
-        if settings['clients_per_round'] > population:
-            raise ValueError(f'--clients_per_round must be <= {population} '
-                             f'(the training users), got {settings["clients_per_round"]}')
-        clients = settings['clients_per_round']
-    else:
-        clients = max(1, int(settings['client_fraction'] * population))
+    clients = run_settings.cohort_size(
+        num_users=split.num_users, heldout_users=settings['heldout_users'],
+        client_fraction=settings['client_fraction'],
+        clients_per_round=settings['clients_per_round'])
     privacy = _privacy(split.num_users)
     settings.update(privacy.hparams(num_users=split.num_users))
     _check_method(settings)

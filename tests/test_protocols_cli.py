@@ -41,6 +41,13 @@ def test_both_protocols_and_heldout_users_everywhere(tmp_path, algorithm):
     assert summary['best_full_test_full_hr@10'] <= summary['best_test_hr@10'] + 1e-9
     hparams = json.loads((run / 'hparams.json').read_text())
     assert hparams['eval_protocol'] == 'both' and hparams['heldout_users'] == 0.1
+    # The Python API reads every setting launch/train.py records.
+    from tff_fedrecgel import api
+    settings, foreign = api.Settings.from_hparams(hparams)
+    unset_options = {k for k, v in hparams.items()
+                     if k.startswith('data_') and k != 'data_dir' and v is None}
+    assert foreign == [] and settings.hparams() == {
+        k: v for k, v in hparams.items() if k not in unset_options}
 
 
 def test_full_ranking_every_n_rounds(tmp_path):
@@ -65,6 +72,10 @@ def test_tuned_preset_is_recorded_and_explicit_flags_win(tmp_path):
     assert code == 0, output
     hparams = json.loads((tmp_path / 'synthetic_fedncf_seed0' / 'hparams.json').read_text())
     assert hparams['preset'] == 'tuned' and hparams['server_lr'] == 0.02
+    # The Python API applies the same preset, explicit values winning.
+    from tff_fedrecgel import api
+    tuned = api.settings('lastfm_2k', preset='tuned', server_lr=0.02)
+    assert (tuned.server_lr, tuned.client_fraction) == (0.02, 0.2)
 
 
 @pytest.mark.parametrize('args, fragment', [

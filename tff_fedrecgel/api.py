@@ -53,6 +53,7 @@ from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.program import outputs
 from tff_fedrecgel.program import run_folder
 from tff_fedrecgel.run_settings import Settings
+from tff_fedrecgel.run_settings import cohort_size
 from tff_fedrecgel.run_settings import settings
 
 get_task = tasks.get_task
@@ -241,16 +242,20 @@ class Experiment:
         self.settings = run_settings
         self.split = split if split is not None else _load_split(run_settings)
         self.foreign_settings = tuple(foreign_settings)
-        clients = run_settings.clients_per_round or simulation.clients_per_round_for(
-            self.split.num_users, run_settings.client_fraction)
+        clients = cohort_size(
+            num_users=self.split.num_users, heldout_users=run_settings.heldout_users,
+            client_fraction=run_settings.client_fraction,
+            clients_per_round=run_settings.clients_per_round)
         self.simulation = simulation.build_simulation(
             split=self.split, method=run_settings.algorithm,
             work=run_settings.client_work(), clients_per_round=clients,
             seed=run_settings.seed, server_lr=run_settings.server_lr,
+            server_optimizer=run_settings.server_optimizer,
+            num_negatives=run_settings.num_negatives,
             users_per_client=1 if run_settings.simulation == 'per_user' else None,
             max_group_examples=run_settings.max_group_examples,
             sharpness_probe=run_settings.sharpness_probe,
-            heldout_fraction=run_settings.heldout_fraction)
+            heldout_fraction=run_settings.heldout_users)
         self._has_state = False
 
     @property
@@ -298,6 +303,8 @@ class Experiment:
             return program.run_training(
                 self.simulation, paths=paths, total_rounds=run_settings.total_rounds,
                 rounds_per_eval=run_settings.rounds_per_eval,
+                eval_protocol=run_settings.eval_protocol,
+                rounds_per_full_eval=run_settings.rounds_per_full_eval,
                 rounds_per_checkpoint=run_settings.rounds_per_checkpoint,
                 hparams=hparams, validation=run_settings.validation, progress=progress,
                 on_round_end=round_end)
@@ -339,15 +346,18 @@ class Experiment:
             self.simulation.initialize()
             self._has_state = True
 
-    def evaluate(self, which: str = 'test', *, heldout: bool = False) -> dict[str, float]:
-        """HR@K and NDCG@K of every training (or held-out) user (`Simulation.evaluate`).
+    def evaluate(self, which: str = 'test', *, heldout: bool = False,
+                 protocol: str = 'sampled') -> dict[str, float]:
+        """Ranking metrics of every training (or held-out) user (`Simulation.evaluate`).
 
         Args:
           which: 'test' or 'valid' (with `validation`).
           heldout: The users held out of training instead.
+          protocol: 'sampled' (99 sampled negatives, the paper's) or 'full'
+            (every item the user did not train on; with MRR).
         """
         self._ensure_state()
-        return self.simulation.evaluate(which, heldout=heldout)
+        return self.simulation.evaluate(which, heldout=heldout, protocol=protocol)
 
     def metrics(self):
         """Every finished round's metrics (`metrics.csv`) as a pandas DataFrame
