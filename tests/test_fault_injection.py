@@ -201,6 +201,11 @@ def test_signals_at_random_points_resume_identically(reference, tmp_path):
                 worker_running = bool(run.workers)
                 os.kill(run.proc.pid, sig)  # The process only, not its group.
                 code = run.wait()
+                if code == -sig and _last_line(run.output()).startswith('{'):
+                    # It had finished (the summary is out) and the signal came
+                    # during the interpreter's own exit, where Python restores
+                    # the default handlers: a finished run.
+                    code = 0
                 if code != 0:  # 0: it had just finished.
                     injected += 1
                     _count(f'faults_{signal.Signals(sig).name}')
