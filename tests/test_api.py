@@ -19,6 +19,8 @@ import time
 import numpy as np
 import pytest
 
+import worker_watch
+
 from tff_fedrecgel import api
 from tff_fedrecgel import evaluation
 from tff_fedrecgel import recommendation
@@ -145,7 +147,7 @@ def test_session_stops_its_worker(tff_runtime):
     deadline = time.monotonic() + 10
     while os.path.exists(f'/proc/{pid}') and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not os.path.exists(f'/proc/{pid}') or _state(pid) in ('Z', 'X')
+    assert not os.path.exists(f'/proc/{pid}') or worker_watch.alive_since(pid) is None
     assert api.Session.current() is None
 
 
@@ -233,56 +235,6 @@ def test_recommend_refuses_bad_ids(runs):
 # Command lines: recommend.py, export.py --run_dir.
 
 
-def _proc_stat(pid):
-    try:
-        with open(f'/proc/{pid}/stat') as f:
-            return f.read().rsplit(')', 1)[1].split()
-    except OSError:
-        return None
-
-
-def _state(pid):
-    stat = _proc_stat(pid)
-    return None if stat is None else stat[0]
-
-
-def _alive_since(pid):
-    stat = _proc_stat(pid)
-    return None if stat is None or stat[0] in ('Z', 'X') else stat[19]
-
-
-def _children(pid):
-    out = []
-    try:
-        for task in os.listdir(f'/proc/{pid}/task'):
-            with open(f'/proc/{pid}/task/{task}/children') as f:
-                out += [int(c) for c in f.read().split()]
-    except OSError:
-        pass
-    return out
-
-
-def _workers_of(pid, seen):
-    """Notes `pid`'s live worker_binary children in `seen` (pid -> start)."""
-    for child in _children(pid):
-        since = _alive_since(child)
-        try:
-            exe = os.readlink(f'/proc/{child}/exe')
-        except OSError:
-            continue
-        if since is not None and exe.endswith('/worker_binary'):
-            seen[child] = since
-
-
-def _workers_left(seen, timeout=20):
-    deadline = time.monotonic() + timeout
-    left = dict(seen)
-    while left and time.monotonic() < deadline:
-        left = {p: s for p, s in left.items() if _alive_since(p) == s}
-        time.sleep(0.05)
-    return sorted(left)
-
-
 def _start_cli(script, args, log_path):
     with open(log_path, 'w') as log:
         return subprocess.Popen(
@@ -301,7 +253,7 @@ def _wait_cli(procs, timeout=240):
     deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
         for proc, seen in zip(procs, workers):
-            _workers_of(proc.pid, seen)
+            worker_watch.note_workers(proc.pid, seen)
         time.sleep(0.05)
     for proc in procs:
         if proc.poll() is None:
@@ -356,7 +308,7 @@ def test_recommend_cli_prints_original_ids(runs, fedrecon_cli):
     np.testing.assert_allclose([float(p[2]) for p in printed],
                                [r.score for r in expected], atol=1e-4)
     assert workers, 'the check below needs a worker to have run'
-    assert not _workers_left(workers)
+    assert not worker_watch.workers_left(workers)
 
 
 @pytest.mark.parametrize('args, fragment', [
@@ -405,7 +357,7 @@ def test_exported_model_scores_like_the_run_in_another_process(runs, fedrecon_cl
     out = fedrecon_cli[1]
     assert code == 0, output
     assert json.loads(output.strip().splitlines()[-1])['round'] == 2
-    assert workers and not _workers_left(workers)
+    assert workers and not worker_watch.workers_left(workers)
     assert (out / 'model.json').exists() and (out / 'items.csv').exists()
 
     model = experiment.model()

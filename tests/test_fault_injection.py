@@ -26,36 +26,12 @@ import time
 import pytest
 
 from conftest import TRAIN_SMALL_RUN
+import worker_watch
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRAIN = str(REPO / 'launch' / 'train.py')
 TIMING = ('train/round_seconds', 'eval_seconds')
 _REPORT = {}
-
-
-def _proc_stat(pid):
-    try:
-        with open(f'/proc/{pid}/stat') as f:
-            return f.read().rsplit(')', 1)[1].split()
-    except OSError:
-        return None
-
-
-def _alive_since(pid):
-    """The start time of a live (not zombie) process, else None."""
-    stat = _proc_stat(pid)
-    return None if stat is None or stat[0] in ('Z', 'X') else stat[19]
-
-
-def _children(pid):
-    out = []
-    try:
-        for task in os.listdir(f'/proc/{pid}/task'):
-            with open(f'/proc/{pid}/task/{task}/children') as f:
-                out += [int(c) for c in f.read().split()]
-    except OSError:
-        pass
-    return out
 
 
 def _handles(pid, signum):
@@ -83,16 +59,7 @@ class Run:
         self.workers = {}  # pid -> start time
 
     def _look(self):
-        for child in _children(self.proc.pid):
-            since = _alive_since(child)
-            if since is None:
-                continue
-            try:
-                exe = os.readlink(f'/proc/{child}/exe')
-            except OSError:
-                continue
-            if exe.endswith('/worker_binary'):
-                self.workers[child] = since
+        worker_watch.note_workers(self.proc.pid, self.workers)
 
     def wait(self, timeout=300, until=None):
         """Waits for the exit (or `until()`), noting workers; the exit code
@@ -118,12 +85,7 @@ class Run:
 
     def workers_left(self, timeout=20):
         """Workers of this run still running `timeout` s after it ended."""
-        deadline = time.monotonic() + timeout
-        left = dict(self.workers)
-        while left and time.monotonic() < deadline:
-            left = {p: s for p, s in left.items() if _alive_since(p) == s}
-            time.sleep(0.05)
-        return sorted(left)
+        return worker_watch.workers_left(self.workers, timeout)
 
 
 def _rows(path):
