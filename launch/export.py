@@ -138,35 +138,33 @@ def main(argv: list[str]) -> int:
     if not _OUTPUT_DIR.value:
         raise DataError('--output_dir is required')
     output_dir = _check_output_dir(_OUTPUT_DIR.value)
-    algo.radii(task)  # Flag conflicts fail before the data is read.
+    settings = algo.settings(task)  # Flag errors fail before the data is read.
     if methods.get_method(algo.ALGORITHM.value).algorithm != methods.FEDRECGEL:
         raise ValueError(f'--algorithm={algo.ALGORITHM.value} is not of the FedRecGEL '
                          'family, which is what export exports')
-    options = _data_flags.task_options(task)
     # Only the item count is needed from the data; read it before the slow
     # TensorFlow imports so that data errors come quickly.
-    split = task.load_split(data_dir=_data_flags.DATA_DIR.value, **options)
+    split = task.load_split(data_dir=settings.data_dir, **settings.data_options)
 
     _entry.tff_runtime()  # TFF's worker dies with this process.
     from tff_fedrecgel import export  # pylint: disable=g-import-not-at-top
 
-    settings = algo.settings(task)
-    work = algo.client_work_config(settings)
+    work = settings.client_work()
     model_config = algo.model_config(split.num_items)
     print(f'{task.name}: {split.num_items:,} items; {algo.ALGORITHM.value} '
           f'(rho_sh={work.rho_sh}, rho_ns={work.rho_ns}, {work.local_state} device state, '
           f'{work.update} upload); exporting to {output_dir}', flush=True)
     deployment = export.build_deployment(
-        model_config=model_config, work=work, server_lr=settings['server_lr'],
-        init_seed=algo.SEED.value)
+        model_config=model_config, work=work, server_lr=settings.server_lr,
+        init_seed=settings.seed)
     manifest = export.write_deployment(
         deployment, output_dir,
         extra_hyperparameters={
             'task': task.name,
             'algorithm': algo.ALGORITHM.value,
-            'data_dir': (os.path.abspath(_data_flags.DATA_DIR.value)
-                         if _data_flags.DATA_DIR.value else None),
-            'data_options': {k: v for k, v in options.items() if v is not None},
+            'data_dir': settings.hparams()['data_dir'],
+            'data_options': {k: v for k, v in settings.data_options.items()
+                             if v is not None},
         })
     files = [entry['file'] for entry in manifest['computations'].values()]
     files += list(manifest['forms'].values()) + [export.MANIFEST_NAME]

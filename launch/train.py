@@ -64,32 +64,34 @@ _CLIENT_FRACTION = flags.DEFINE_float(
 _CLIENTS_PER_ROUND = flags.DEFINE_integer(
     'clients_per_round', None, 'Cohort size; overrides --client_fraction.')
 _ROUNDS_PER_EVAL = flags.DEFINE_integer(
-    'rounds_per_eval', 1, 'Evaluate all users every this many rounds.')
+    'rounds_per_eval', run_settings.default('rounds_per_eval'),
+    'Evaluate all users every this many rounds.')
 _ROUNDS_PER_FULL_EVAL = flags.DEFINE_integer(
     'rounds_per_full_eval', None,
     'With --eval_protocol=full or both: rank against every item every this '
     'many rounds (default: --rounds_per_eval).')
 _EVAL_PROTOCOL = flags.DEFINE_enum(
-    'eval_protocol', 'sampled', ['sampled', 'full', 'both'],
+    'eval_protocol', run_settings.default('eval_protocol'), list(run_settings.EVAL_PROTOCOLS),
     'sampled: the held-out item among 99 sampled negatives (the paper\'s; '
     'metrics test/...); full: among every item the user did not train on '
     '(test_full/..., with MRR: the protocol to trust); both.')
 _HELDOUT_USERS = flags.DEFINE_float(
-    'heldout_users', 0.0,
+    'heldout_users', run_settings.default('heldout_users'),
     'Fraction of users that never train nor are sampled; each evaluation '
     'rebuilds their embedding from their own training data '
     '(--reconstruction_steps Adam steps, global part frozen) and reports them '
     'as heldout/... (and heldout_full/...).')
 _ROUNDS_PER_CHECKPOINT = flags.DEFINE_integer(
-    'rounds_per_checkpoint', 10, 'Checkpoint every this many rounds (0: never).')
+    'rounds_per_checkpoint', run_settings.default('rounds_per_checkpoint'),
+    'Checkpoint every this many rounds (0: never).')
 _SIMULATION = flags.DEFINE_enum(
-    'simulation', 'auto', ['auto', 'vectorized', 'per_user'],
+    'simulation', run_settings.default('simulation'), list(run_settings.SIMULATIONS),
     'per_user: one user per TFF client (the deployable form); vectorized: '
     'several users per TFF client with per-user math vectorized (same '
     'results, much faster; persistent state and gradient updates only); '
     'auto: vectorized where supported.')
 _MAX_GROUP_EXAMPLES = flags.DEFINE_integer(
-    'max_group_examples', 16384,
+    'max_group_examples', run_settings.default('max_group_examples'),
     'vectorized: padded examples (users x longest batch) per TFF client.')
 _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
 _SHARPNESS_PROBE = flags.DEFINE_float(
@@ -121,36 +123,16 @@ _SECURE_AGGREGATION = flags.DEFINE_bool(
     'this exercises the arithmetic only). Runs one user per TFF client.')
 
 
-def _settings(task) -> dict:
+def _settings(task) -> run_settings.Settings:
     """All settings of the run, from the task's defaults and the flags."""
     if _CLIENTS_PER_ROUND.present and _CLIENT_FRACTION.present:
         raise ValueError('give --clients_per_round or --client_fraction, not both')
-    algorithm = algo.settings(task)
-    return {
-        'task': task.name,
-        'data_dir': os.path.abspath(_data_flags.DATA_DIR.value)
-        if _data_flags.DATA_DIR.value else None,
-        'validation': _data_flags.VALIDATION.value,
-        'total_rounds': (task.total_rounds if _TOTAL_ROUNDS.value is None
-                         else _TOTAL_ROUNDS.value),
-        'client_fraction': algorithm.pop('client_fraction', (
-            task.client_fraction if _CLIENT_FRACTION.value is None
-            else _CLIENT_FRACTION.value)),
-        'clients_per_round': _CLIENTS_PER_ROUND.value,
-        **algorithm,
-        'eval_protocol': _EVAL_PROTOCOL.value,
-        'rounds_per_full_eval': _ROUNDS_PER_FULL_EVAL.value,
-        'heldout_users': _HELDOUT_USERS.value,
-        'rounds_per_eval': _ROUNDS_PER_EVAL.value,
-        'rounds_per_checkpoint': _ROUNDS_PER_CHECKPOINT.value,
-        'simulation': _SIMULATION.value,
-        'max_group_examples': _MAX_GROUP_EXAMPLES.value,
-        'sharpness_probe': _SHARPNESS_PROBE.value,
-        **{f'data_{k}': v for k, v in _data_flags.task_options(task).items()},
-    }
+    _check_method(algo.ALGORITHM.value,
+                  private=_DP_NOISE_MULTIPLIER.value is not None or _SECURE_AGGREGATION.value)
+    return algo.settings(task)
 
 
-def _privacy(num_users: int):
+def _privacy(settings: run_settings.Settings, num_users: int):
     """The run's `PrivacySettings`, checked (imports no TensorFlow)."""
     from tff_fedrecgel.privacy import PrivacySettings  # pylint: disable=g-import-not-at-top
 
@@ -159,22 +141,24 @@ def _privacy(num_users: int):
     if _DP_NOISE_MULTIPLIER.value is None and needs_dp:
         raise ValueError(f'{", ".join(needs_dp)} needs --dp_noise_multiplier')
     private = _DP_NOISE_MULTIPLIER.value is not None or _SECURE_AGGREGATION.value
-    if private and _SIMULATION.value == 'vectorized':
+    if private and settings.simulation == 'vectorized':
         # A vectorized client uploads one mean per group of users.
         raise ValueError('DP and secure aggregation act on each user\'s upload; drop '
                          '--simulation=vectorized (auto runs one user per TFF client)')
-    _check_number('dp_noise_multiplier', _DP_NOISE_MULTIPLIER.value, low=0)
+    if _DP_NOISE_MULTIPLIER.value is not None and not 0 <= _DP_NOISE_MULTIPLIER.value < math.inf:
+        raise ValueError('--dp_noise_multiplier must be a finite number >= 0, got '
+                         f'{_DP_NOISE_MULTIPLIER.value}')
     if _DP_CLIP.value is not None and not 0 < _DP_CLIP.value < math.inf:
         raise ValueError(f'--dp_clip must be a finite positive number, got {_DP_CLIP.value}')
     if _DP_DELTA.value is not None and not 0 < _DP_DELTA.value < 1:
         raise ValueError(f'--dp_delta must be in (0, 1), got {_DP_DELTA.value}')
-    settings = PrivacySettings(
+    privacy = PrivacySettings(
         noise_multiplier=_DP_NOISE_MULTIPLIER.value, clip=_DP_CLIP.value,
         adaptive_clip=_DP_ADAPTIVE_CLIP.value, delta=_DP_DELTA.value,
         secure_aggregation=_SECURE_AGGREGATION.value)
-    settings.check_client_weighting(algo.CLIENT_WEIGHTING.value)
-    settings.hparams(num_users=num_users)  # Checks the population size.
-    return settings
+    privacy.check_client_weighting(settings.client_weighting)
+    privacy.hparams(num_users=num_users)  # Checks the population size.
+    return privacy
 
 
 def _privacy_pieces(privacy, clients: int, num_users: int, total_rounds: int):
@@ -207,65 +191,16 @@ _UNUSED_FLAGS = {
 }
 
 
-def _check_method(settings: dict) -> None:
-    """Refuses flags the method has no use for; records what it does."""
-    kind = methods.get_method(settings['algorithm']).algorithm
+def _check_method(algorithm: str, *, private: bool) -> None:
+    """Refuses flags the method has no use for (it would ignore them)."""
+    kind = methods.get_method(algorithm).algorithm
     if kind == methods.FEDRECGEL:
         return
     unused = [f'--{name}' for name in _UNUSED_FLAGS[kind] if flags.FLAGS[name].present]
-    if 'secure_aggregation' in settings and kind != methods.ITEMPOP:
+    if private and kind != methods.ITEMPOP:
         unused.append('DP / secure aggregation')
     if unused:
-        raise ValueError(f'--algorithm={settings["algorithm"]} does not take '
-                         f'{", ".join(unused)}')
-    if kind == methods.FEDRECON:  # TFF's FedRecon: mean loss, no user state.
-        settings.update(local_state='reconstruct', loss_reduction='mean')
-
-
-_MAX_SEED = 2**32 - 1  # TFF's client sampling seeds numpy's RandomState.
-
-
-def _check_number(name: str, value, *, low=None, low_inclusive=True,
-                  high=None) -> None:
-    """Refuses NaN, infinities and values out of range (None passes)."""
-    if value is None:
-        return
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f'--{name} must be a finite number, got {value}')
-    if low is not None and (value < low if low_inclusive else value <= low):
-        relation = '>=' if low_inclusive else '>'
-        raise ValueError(f'--{name} must be {relation} {low}, got {value}')
-    if high is not None and value > high:
-        raise ValueError(f'--{name} must be <= {high}, got {value}')
-
-
-def _check_settings(settings: dict) -> None:
-    """Every numeric setting in range, before anything is read or written."""
-    for name in ('total_rounds', 'rounds_per_eval', 'clients_per_round',
-                 'reconstruction_steps', 'local_epochs', 'max_group_examples',
-                 'rounds_per_full_eval'):
-        _check_number(name, settings[name], low=1)
-    _check_number('rounds_per_checkpoint', settings['rounds_per_checkpoint'], low=0)
-    _check_number('num_negatives', settings['num_negatives'], low=0)
-    _check_number('client_fraction', settings['client_fraction'], low=0,
-                  low_inclusive=False, high=1)
-    for name in ('local_lr', 'server_lr', 'client_lr', 'sharpness_probe'):
-        _check_number(name, settings[name], low=0, low_inclusive=False)
-    for name in ('rho_sh', 'rho_ns'):
-        _check_number(name, settings[name], low=0)
-    _check_number('seed', settings['seed'], low=0, high=_MAX_SEED)
-    _check_number('heldout_users', settings['heldout_users'], low=0, high=0.9)
-    _check_number('data_seed', settings.get('data_seed'), low=0, high=_MAX_SEED)
-
-
-def _vectorized(settings: dict) -> bool:
-    """Whether the run is vectorized (several users per TFF client).
-
-    Every mode runs vectorized; DP and secure aggregation act on each user's
-    upload, so they need one user per TFF client.
-    """
-    return settings['simulation'] == 'vectorized' or (
-        settings['simulation'] == 'auto' and 'secure_aggregation' not in settings)
+        raise ValueError(f'--algorithm={algorithm} does not take {", ".join(unused)}')
 
 
 def main(argv: list[str]) -> int:
@@ -278,78 +213,67 @@ def main(argv: list[str]) -> int:
     del argv  # Stray arguments are refused by _entry.run_main.
     task = algo.selected_task()
     settings = _settings(task)
-    _check_settings(settings)
     from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
     experiment = _EXPERIMENT_NAME.value
     if experiment is None:
-        experiment = f'{task.name}_{settings["algorithm"]}_seed{settings["seed"]}'
+        experiment = f'{task.name}_{settings.algorithm}_seed{settings.seed}'
     program.check_experiment_name(experiment)
 
     # Fail on bad data before the slow TF imports.
-    split = task.load_split(
-        data_dir=_data_flags.DATA_DIR.value, validation=settings['validation'],
-        **_data_flags.task_options(task))
-    clients = run_settings.cohort_size(
-        num_users=split.num_users, heldout_users=settings['heldout_users'],
-        client_fraction=settings['client_fraction'],
-        clients_per_round=settings['clients_per_round'])
-    privacy = _privacy(split.num_users)
-    settings.update(privacy.hparams(num_users=split.num_users))
-    _check_method(settings)
-    if _WORKERS.value and 'secure_aggregation' in settings:
+    split = task.load_split(data_dir=settings.data_dir, validation=settings.validation,
+                            **settings.data_options)
+    try:
+        clients = settings.cohort(split.num_users)
+    except run_settings.SettingError as e:
+        raise ValueError(e.flag_message()) from None
+    privacy = _privacy(settings, split.num_users)
+    hparams = {**settings.hparams(), **privacy.hparams(num_users=split.num_users)}
+    if _WORKERS.value and privacy.needs_one_user_per_client:
         raise ValueError('DP and secure aggregation are not supported with --workers')
     if _WORKERS.value:
         from tff_fedrecgel.simulation.transport import parse_worker_addresses  # pylint: disable=g-import-not-at-top
         parse_worker_addresses(_WORKERS.value)
-    vectorized = _vectorized(settings)
 
     with program.lock_experiment(root_output_dir=_ROOT_OUTPUT_DIR.value,
                                  experiment_name=experiment) as paths:
-        program.check_hparams(paths, settings)
-        return _train(task, settings, split, clients, vectorized, privacy, paths)
+        program.check_hparams(paths, hparams)
+        return _train(task, settings, hparams, split, clients, privacy, paths)
 
 
-def _train(task, settings: dict, split, clients: int, vectorized: bool, privacy,
-           paths) -> int:
+def _train(task, settings: run_settings.Settings, hparams: dict, split, clients: int,
+           privacy, paths) -> int:
     """Builds the TFF process, records the settings and runs the rounds."""
     _entry.tff_runtime()
     from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
-    from tff_fedrecgel import simulation  # pylint: disable=g-import-not-at-top
 
-    work = algo.client_work_config(settings)
+    one_user = privacy.needs_one_user_per_client
     stats = split.summary()
     print(f'{task.name}: {stats["users"]:,} users, {stats["items"]:,} items, '
           f'{stats["train_interactions"]:,} training rows; {clients} clients per '
-          f'round; {settings["algorithm"]} (rho_sh={work.rho_sh}, '
-          f'rho_ns={work.rho_ns}); {settings["total_rounds"]} rounds; '
-          f'{"vectorized" if vectorized else "one user per TFF client"}',
+          f'round; {settings.algorithm} (rho_sh={settings.rho_sh}, '
+          f'rho_ns={settings.rho_ns}); {settings.total_rounds} rounds; '
+          f'{"vectorized" if settings.vectorized(one_user) else "one user per TFF client"}',
           flush=True)
     start = time.perf_counter()
     aggregator, privacy_report = _privacy_pieces(privacy, clients, split.num_users,
-                                                 settings['total_rounds'])
-    sim = simulation.build_simulation(
-        split=split, method=settings['algorithm'], work=work, clients_per_round=clients,
-        seed=settings['seed'], server_lr=settings['server_lr'],
-        server_optimizer=settings['server_optimizer'], num_negatives=settings['num_negatives'],
-        users_per_client=None if vectorized else 1,
-        max_group_examples=settings['max_group_examples'], model_aggregator=aggregator,
-        workers=_WORKERS.value, sharpness_probe=settings['sharpness_probe'],
-        heldout_fraction=settings['heldout_users'])
+                                                 settings.total_rounds)
+    sim = settings.build_simulation(split, one_user_per_client=one_user,
+                                    model_aggregator=aggregator, workers=_WORKERS.value)
     logging.info('built the TFF process in %.1f s', time.perf_counter() - start)
     # Everything is checked: record the settings (a resumed run must match).
     program.prepare_experiment(
         root_output_dir=paths.root.parent, experiment_name=paths.root.name,
-        hparams=settings)
+        hparams=hparams)
     print(f'outputs: {paths.root}', flush=True)
     print(f'view the curves: {_entry.tensorboard_command(paths.tensorboard)}',
           flush=True)
     summary = program.run_training(
-        sim, paths=paths, total_rounds=settings['total_rounds'],
-        rounds_per_eval=settings['rounds_per_eval'],
-        rounds_per_checkpoint=settings['rounds_per_checkpoint'],
-        hparams=settings, validation=settings['validation'],
-        eval_protocol=settings['eval_protocol'],
-        rounds_per_full_eval=settings['rounds_per_full_eval'],
+        sim, paths=paths, total_rounds=settings.total_rounds,
+        rounds_per_eval=settings.rounds_per_eval,
+        rounds_per_checkpoint=settings.rounds_per_checkpoint,
+        hparams=hparams, validation=settings.validation,
+        eval_protocol=settings.eval_protocol,
+        rounds_per_full_eval=settings.rounds_per_full_eval,
         progress=_PROGRESS.value,
         extra_train_metrics=privacy_report.round_metrics if privacy_report else None,
         extra_summary=privacy_report.summary if privacy_report else None)

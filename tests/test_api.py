@@ -11,6 +11,7 @@ by a separate Python process with TensorFlow alone.
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,7 @@ import worker_watch
 from tff_fedrecgel import api
 from tff_fedrecgel import evaluation
 from tff_fedrecgel import recommendation
+from tff_fedrecgel import run_settings
 from tff_fedrecgel import simulation
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.data import preprocess
@@ -66,7 +68,7 @@ def test_settings_take_the_task_and_method_defaults():
     assert api.settings('filmtrust', rho_ns=0.5, total_rounds=7).rho_ns == 0.5
     recon = api.settings('synthetic', algorithm='fedrecon')
     assert (recon.local_state, recon.loss_reduction) == ('reconstruct', 'mean')
-    with pytest.raises(ValueError, match='fedncf sets rho_ns=0.0'):
+    with pytest.raises(ValueError, match='rho_ns must be 0.0 for fedncf'):
         api.settings('filmtrust', algorithm='fedncf', rho_ns=0.1)
     with pytest.raises(ValueError, match='unknown setting'):
         api.settings('filmtrust', no_such_setting=1)
@@ -74,6 +76,29 @@ def test_settings_take_the_task_and_method_defaults():
         api.settings('synthetic', algorithm='fedrecon', local_state='persistent')
     with pytest.raises(DataError, match='unknown task'):
         api.settings('nope')
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'server_lr': 0.0}, 'server_lr must be > 0, got 0.0'),
+    ({'seed': -1}, 'seed must be >= 0'),
+    ({'seed': 2**32}, 'seed must be <= 4294967295'),
+    ({'heldout_users': 0.95}, 'heldout_users must be <= 0.9'),
+    ({'client_fraction': float('nan')}, 'client_fraction must be a finite number'),
+    ({'rounds_per_checkpoint': -1}, 'rounds_per_checkpoint must be >= 0'),
+    ({'data_options': {'seed': -2}}, 'data_seed must be >= 0'),
+    ({'eval_protocol': 'topk'}, 'eval_protocol must be one of'),
+])
+def test_settings_refuse_values_out_of_range(overrides, message):
+    with pytest.raises(run_settings.SettingError, match=re.escape(message)):
+        api.settings('synthetic', **overrides)
+
+
+def test_cohort_counts_only_the_training_users():
+    s = api.settings('synthetic', heldout_users=0.5, client_fraction=0.5)
+    assert s.cohort(100) == 25
+    assert api.settings('synthetic', clients_per_round=50, heldout_users=0.5).cohort(100) == 50
+    with pytest.raises(run_settings.SettingError, match='clients_per_round must be <= 50'):
+        api.settings('synthetic', clients_per_round=51, heldout_users=0.5).cohort(100)
 
 
 def test_hparams_round_trip_and_foreign_settings():

@@ -372,7 +372,7 @@ def test_distribute_aggregate_form_by_hand_matches_round(exported, rounds):
      'data directory not found'),
     (('--task=synthetic', '--output_dir={tmp}/full'), 'not empty'),
     (('--task=synthetic', '--algorithm=fedncf', '--rho_sh=0.1',
-      '--output_dir={tmp}/o'), 'fedncf sets --rho_sh=0.0'),
+      '--output_dir={tmp}/o'), '--rho_sh must be 0.0 for fedncf'),
     (('--run_dir={tmp}/missing', '--output_dir={tmp}/o'), 'run folder not found'),
     (('--run_dir={tmp}/full', '--output_dir={tmp}/o'), 'not a run folder'),
     (('--run_dir={tmp}/full', '--task=synthetic', '--output_dir={tmp}/o'),

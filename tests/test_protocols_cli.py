@@ -79,7 +79,8 @@ def test_tuned_preset_is_recorded_and_explicit_flags_win(tmp_path):
 
 
 @pytest.mark.parametrize('args, fragment', [
-    (['--algorithm=itempop', '--rho_sh=0.1'], 'sets --rho_sh=0.0'),
+    (['--algorithm=itempop', '--rho_sh=0.1'], 'itempop does not take --rho_sh'),
+    (['--algorithm=fedncf', '--rho_sh=0.1'], '--rho_sh must be 0.0 for fedncf'),
     (['--algorithm=central', '--workers=localhost:1'], 'does not take --workers'),
     (['--heldout_users=0.95'], '--heldout_users must be <= 0.9'),
     (['--rounds_per_full_eval=0'], '--rounds_per_full_eval must be >= 1'),
@@ -109,6 +110,6 @@ def test_tuned_preset_fills_what_the_command_line_leaves():
         paper = algo.settings(task)
     finally:
         flags.FLAGS.unparse_flags()
-    assert tuned['server_lr'] == 0.01 and tuned['client_fraction'] == 0.2
-    assert explicit['server_lr'] == 0.003 and explicit['client_fraction'] == 0.2
-    assert paper['server_lr'] == 0.001 and 'client_fraction' not in paper
+    assert (tuned.server_lr, tuned.client_fraction, tuned.preset) == (0.01, 0.2, 'tuned')
+    assert (explicit.server_lr, explicit.client_fraction) == (0.003, 0.2)
+    assert (paper.server_lr, paper.client_fraction, paper.preset) == (0.001, 0.1, 'paper')

@@ -53,7 +53,6 @@ from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.program import outputs
 from tff_fedrecgel.program import run_folder
 from tff_fedrecgel.run_settings import Settings
-from tff_fedrecgel.run_settings import cohort_size
 from tff_fedrecgel.run_settings import settings
 
 get_task = tasks.get_task
@@ -234,28 +233,13 @@ class Experiment:
           DataError: On bad data.
           ValueError: On inconsistent settings.
         """
-        from tff_fedrecgel import simulation  # pylint: disable=g-import-not-at-top
-
         root = pathlib.Path(run_dir).expanduser().resolve()
         outputs.check_experiment_name(root.name)
         self.paths = outputs.ExperimentPaths(root)
         self.settings = run_settings
         self.split = split if split is not None else _load_split(run_settings)
         self.foreign_settings = tuple(foreign_settings)
-        clients = cohort_size(
-            num_users=self.split.num_users, heldout_users=run_settings.heldout_users,
-            client_fraction=run_settings.client_fraction,
-            clients_per_round=run_settings.clients_per_round)
-        self.simulation = simulation.build_simulation(
-            split=self.split, method=run_settings.algorithm,
-            work=run_settings.client_work(), clients_per_round=clients,
-            seed=run_settings.seed, server_lr=run_settings.server_lr,
-            server_optimizer=run_settings.server_optimizer,
-            num_negatives=run_settings.num_negatives,
-            users_per_client=1 if run_settings.simulation == 'per_user' else None,
-            max_group_examples=run_settings.max_group_examples,
-            sharpness_probe=run_settings.sharpness_probe,
-            heldout_fraction=run_settings.heldout_users)
+        self.simulation = run_settings.build_simulation(self.split)
         self._has_state = False
 
     @property

@@ -1,16 +1,18 @@
 """Every setting of a run, with the tasks' and the methods' defaults.
 
-`Settings` holds what `launch/train.py` records in `hparams.json` (the same
-names and values as its flags); `settings(task, ...)` fills in the task's
-SAM radii, rounds and client fraction and what the method fixes. The Python
-API (`api.py`) builds its runs from them and reads recorded runs back with
-`Settings.from_hparams`. Imports no TensorFlow.
+`Settings` holds what a run records in `hparams.json` (the names of
+`launch/train.py`'s flags); `settings(task, ...)` fills in the task's SAM
+radii, rounds, client fraction and preset and what the method fixes, and
+checks every value. `launch/train.py` and the Python API (`api.py`) both
+build their runs from them; `Settings.from_hparams` reads a recorded run
+back. Imports no TensorFlow.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 import dataclasses
+import math
 import os
 from typing import Any
 
@@ -21,6 +23,61 @@ from tff_fedrecgel.errors import DataError
 SIMULATIONS = ('auto', 'vectorized', 'per_user')
 PRESETS = ('paper', 'tuned')
 EVAL_PROTOCOLS = ('sampled', 'full', 'both')
+MAX_SEED = 2**32 - 1  # TFF's client sampling seeds numpy's RandomState.
+
+
+class SettingError(ValueError):
+    """One setting out of its range: `name`, then what it must be.
+
+    `str(e)` reads `<name> <requirement>, got <value>`; entry points print
+    `--<name> ...`, the flag of the same name.
+    """
+
+    def __init__(self, name: str, requirement: str, value: Any):
+        super().__init__(f'{name} {requirement}, got {value!r}')
+        self.name, self.requirement, self.value = name, requirement, value
+
+    def flag_message(self) -> str:
+        """The message in the words of the command line."""
+        return f'--{self.name} {self.requirement}, got {self.value!r}'
+
+
+# Each numeric setting's range: (lowest, lowest allowed itself, highest).
+_RANGES = {
+    **dict.fromkeys(('total_rounds', 'rounds_per_eval', 'clients_per_round',
+                     'reconstruction_steps', 'local_epochs', 'max_group_examples',
+                     'rounds_per_full_eval'), (1, True, None)),
+    **dict.fromkeys(('rounds_per_checkpoint', 'num_negatives', 'rho_sh', 'rho_ns'),
+                    (0, True, None)),
+    'client_fraction': (0, False, 1),
+    **dict.fromkeys(('local_lr', 'server_lr', 'client_lr', 'sharpness_probe'),
+                    (0, False, None)),
+    'seed': (0, True, MAX_SEED),
+    'heldout_users': (0, True, 0.9),
+    'data_seed': (0, True, MAX_SEED),
+}
+
+
+def default(name: str) -> Any:
+    """The default of a `Settings` field (the flags of the same name use it)."""
+    return Settings.__dataclass_fields__[name].default  # pylint: disable=no-member
+
+
+def check_range(name: str, value: Any) -> None:
+    """Refuses NaN, infinities and values out of `name`'s range (None passes).
+
+    Raises:
+      SettingError: If `value` is out of range.
+    """
+    if value is None or name not in _RANGES:
+        return
+    low, low_inclusive, high = _RANGES[name]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SettingError(name, 'must be a finite number', value)
+    if value < low if low_inclusive else value <= low:
+        raise SettingError(name, f'must be {">=" if low_inclusive else ">"} {low}', value)
+    if high is not None and value > high:
+        raise SettingError(name, f'must be <= {high}', value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,10 +157,10 @@ class Settings:
                               ('eval_protocol', EVAL_PROTOCOLS),
                               ('server_optimizer', tuple(methods.SERVER_OPTIMIZERS))):
             if getattr(self, name) not in allowed:
-                raise ValueError(f'{name} must be one of {allowed}, got '
-                                 f'{getattr(self, name)!r}')
-        if not 0.0 <= self.heldout_users <= 0.9:
-            raise ValueError(f'heldout_users must be in [0, 0.9], got {self.heldout_users}')
+                raise SettingError(name, f'must be one of {allowed}', getattr(self, name))
+        for field in dataclasses.fields(self):
+            check_range(field.name, getattr(self, field.name))
+        check_range('data_seed', self.data_options.get('seed'))
 
     def hparams(self) -> dict[str, Any]:
         """The settings as `hparams.json` records them (as launch/train.py)."""
@@ -142,15 +199,67 @@ class Settings:
             raise DataError(f'unusable recorded settings: {e}') from None
 
     def client_work(self):
-        """The `algorithms.ClientWorkConfig` of these settings."""
+        """The `algorithms.ClientWorkConfig` of these settings (same names)."""
         from tff_fedrecgel.algorithms import client_update  # pylint: disable=g-import-not-at-top
 
-        return client_update.ClientWorkConfig(
-            rho_sh=self.rho_sh, rho_ns=self.rho_ns, local_lr=self.local_lr,
-            loss_reduction=self.loss_reduction, local_state=self.local_state,
-            reconstruction_steps=self.reconstruction_steps, update=self.update,
-            local_epochs=self.local_epochs, client_lr=self.client_lr,
-            client_weighting=self.client_weighting)
+        config = client_update.ClientWorkConfig
+        return config(**{f.name: getattr(self, f.name) for f in dataclasses.fields(config)
+                         if hasattr(self, f.name)})
+
+    def cohort(self, num_users: int) -> int:
+        """Users sampled per round: `clients_per_round`, or
+        `int(client_fraction * training users)` (at least 1).
+
+        Args:
+          num_users: Users of the split (held-out users do not train).
+
+        Raises:
+          SettingError: If `clients_per_round` exceeds the training users.
+        """
+        from tff_fedrecgel.data.client_data import heldout_users_for  # pylint: disable=g-import-not-at-top
+
+        trainers = num_users - len(heldout_users_for(num_users, self.heldout_users))
+        if self.clients_per_round is None:
+            return max(1, int(self.client_fraction * trainers))
+        if self.clients_per_round > trainers:
+            raise SettingError('clients_per_round', f'must be <= {trainers} (the training '
+                               'users)', self.clients_per_round)
+        return self.clients_per_round
+
+    def vectorized(self, one_user_per_client: bool = False) -> bool:
+        """Whether TFF clients hold several users ('auto' does unless each
+        user's upload must stay apart, as for DP and secure aggregation)."""
+        return self.simulation == 'vectorized' or (
+            self.simulation == 'auto' and not one_user_per_client)
+
+    def build_simulation(self, split, *, one_user_per_client: bool = False,
+                         model_aggregator=None, workers: str | None = None):
+        """The `simulation.Simulation` of these settings (imports TFF).
+
+        Args:
+          split: The loaded `data.Split`.
+          one_user_per_client: Run one user per TFF client whatever
+            `simulation` says (DP and secure aggregation act on each upload).
+          model_aggregator: The global update's aggregator (None: mean).
+          workers: `host:port,...` of TFF worker services, or None.
+
+        Returns:
+          The simulation, not yet started.
+
+        Raises:
+          ValueError: If the cohort exceeds the training users.
+        """
+        from tff_fedrecgel import simulation  # pylint: disable=g-import-not-at-top
+
+        return simulation.build_simulation(
+            split=split, method=self.algorithm, work=self.client_work(),
+            clients_per_round=self.cohort(split.num_users), seed=self.seed,
+            server_lr=self.server_lr, server_optimizer=self.server_optimizer,
+            num_negatives=self.num_negatives,
+            users_per_client=None if self.vectorized(one_user_per_client) else 1,
+            max_group_examples=self.max_group_examples, model_aggregator=model_aggregator,
+            workers=workers, sharpness_probe=self.sharpness_probe,
+            heldout_fraction=self.heldout_users)
 
 
 # What FedRecon (TFF's build_fed_recon) fixes, as launch/train.py records it.
@@ -196,7 +305,7 @@ def settings(task: str, *, algorithm: str = methods.FEDRECGEL,
     for name, given, fixed in (('rho_sh', rho_sh, method.rho_sh),
                                ('rho_ns', rho_ns, method.rho_ns)):
         if given is not None and fixed is not None and given != fixed:
-            raise ValueError(f'{algorithm} sets {name}={fixed}; drop {name}={given}')
+            raise SettingError(name, f'must be {fixed} for {algorithm} (or left out)', given)
     radii = method.radii(spec.rho_sh if rho_sh is None else rho_sh,
                          spec.rho_ns if rho_ns is None else rho_ns)
     if method.algorithm == methods.FEDRECON:
@@ -214,29 +323,3 @@ def settings(task: str, *, algorithm: str = methods.FEDRECGEL,
     except TypeError as e:
         raise ValueError(f'unknown setting: {e}') from None
 
-
-def cohort_size(*, num_users: int, heldout_users: float, client_fraction: float,
-                clients_per_round: int | None) -> int:
-    """Users sampled per round: given, or `int(client_fraction * trainers)`.
-
-    Args:
-      num_users: Users of the split.
-      heldout_users: Fraction of them held out of training.
-      client_fraction: Fraction of the training users per round.
-      clients_per_round: The cohort size, if given.
-
-    Returns:
-      The cohort size (at least 1).
-
-    Raises:
-      ValueError: If `clients_per_round` exceeds the training users.
-    """
-    from tff_fedrecgel.data.client_data import heldout_users_for  # pylint: disable=g-import-not-at-top
-
-    trainers = num_users - len(heldout_users_for(num_users, heldout_users))
-    if clients_per_round is None:
-        return max(1, int(client_fraction * trainers))
-    if clients_per_round > trainers:
-        raise ValueError(f'--clients_per_round must be <= {trainers} (the training '
-                         f'users), got {clients_per_round}')
-    return clients_per_round
