@@ -88,8 +88,8 @@ _SIMULATION = flags.DEFINE_enum(
     'simulation', run_settings.default('simulation'), list(run_settings.SIMULATIONS),
     'per_user: one user per TFF client (the deployable form); vectorized: '
     'several users per TFF client with per-user math vectorized (same '
-    'results, much faster; persistent state and gradient updates only); '
-    'auto: vectorized where supported.')
+    'results, much faster); auto: vectorized unless DP or secure aggregation '
+    'needs each user\'s upload apart.')
 _MAX_GROUP_EXAMPLES = flags.DEFINE_integer(
     'max_group_examples', run_settings.default('max_group_examples'),
     'vectorized: padded examples (users x longest batch) per TFF client.')
