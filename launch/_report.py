@@ -9,6 +9,11 @@ import pandas as pd
 
 from tff_fedrecgel.errors import DataError
 
+TITLES = {'filmtrust': 'FilmTrust', 'lastfm_2k': 'LastFM-2K', 'amazon_video': 'Amazon-Video'}
+# The paper study's methods, in its tables' order.
+LABELS = {'fedncf': 'FedNCF', 'fedrecgel': 'FedRecGEL', 'sam_global': 'SAM global only',
+          'sam_local': 'SAM local only', 'fedrecon': 'FedRecon', 'fedmf': 'FedMF'}
+
 
 def cell(mean: float, std: float, count: int) -> str:
     if count == 0 or math.isnan(mean):

@@ -14,6 +14,10 @@ Reads every finished run's summary.json, hparams.json and metrics.csv under
   study_sharpness.png (sharpness at one probe radius, with and without SAM)
   study_sweep.png (the FilmTrust radius sweep) and study_long.png (the
   LastFM-2K runs past round 100).
+
+With --plan=recipe it writes the recipe-tables block, docs/recipe_runs.csv and
+recipe_hr10.png instead; --keep_reported_runs adds new runs to a report whose
+earlier run folders are gone, keeping their rows from the runs CSV.
 """
 
 from __future__ import annotations
@@ -46,16 +50,19 @@ _IMAGES_DIR = flags.DEFINE_string('images_dir', 'docs/images', 'Where the PNGs g
 _RUNS_CSV = flags.DEFINE_string('runs_csv', None,
                                 'Every finished run, one row each (default: '
                                 'docs/study_runs.csv, or docs/recipe_runs.csv).')
+_KEEP_REPORTED = flags.DEFINE_bool(
+    'keep_reported_runs', False,
+    'Recipe study: keep the rows of --runs_csv whose run folders are not under '
+    '--root_output_dir (runs reported before whose outputs are gone), so a few '
+    'new runs can be added to a finished report. The figure is then left as it '
+    'is: its curves need every run folder.')
 _PLAN = flags.DEFINE_enum(
     'plan', 'paper', ['paper', 'recipe'],
     'Which study: the paper reproduction (the study-tables block) or the recipe '
     'study (the recipe-tables block, recipe_hr10.png).')
 
 BEGIN, END = '<!-- study-tables:begin -->', '<!-- study-tables:end -->'
-TITLES = {'filmtrust': 'FilmTrust', 'lastfm_2k': 'LastFM-2K',
-          'amazon_video': 'Amazon-Video'}
-LABELS = {'fedrecgel': 'FedRecGEL', 'fedncf': 'FedNCF', 'sam_global': 'SAM global only',
-          'sam_local': 'SAM local only', 'fedrecon': 'FedRecon', 'fedmf': 'FedMF'}
+TITLES, LABELS = _report.TITLES, _report.LABELS
 
 
 def method_tables(runs: pd.DataFrame) -> list[str]:
@@ -371,6 +378,12 @@ def main(argv: list[str]) -> int:
 
 def _recipe(root: pathlib.Path) -> int:
     runs = study.collect_recipe(root)
+    runs_csv = pathlib.Path(_RUNS_CSV.value or 'docs/recipe_runs.csv')
+    kept = pd.DataFrame()
+    if _KEEP_REPORTED.value and runs_csv.exists():
+        kept = pd.read_csv(runs_csv)
+        kept = kept[~kept['name'].isin(runs['name'] if len(runs) else [])]
+        runs = pd.concat([runs, kept], ignore_index=True)
     if runs.empty:
         raise DataError(f'no finished runs under {root}; run launch/run_study.py '
                         '--plan=recipe first')
@@ -380,11 +393,13 @@ def _recipe(root: pathlib.Path) -> int:
         previous = pd.read_csv('docs/study_runs.csv')
     _report.write_block(results, _recipe_report.tables_block(runs, previous),
                         _recipe_report.BEGIN, _recipe_report.END)
-    runs_csv = _RUNS_CSV.value or 'docs/recipe_runs.csv'
     runs.sort_values('name').to_csv(runs_csv, index=False, float_format='%.6g')
-    written = _recipe_report.plot(root, runs, pathlib.Path(_IMAGES_DIR.value))
-    print(f'{len(runs)} runs: tables in {results}, rows in {runs_csv}, '
-          f'images {", ".join(written) or "none"} in {_IMAGES_DIR.value}')
+    if kept.empty:
+        written = _recipe_report.plot(root, runs, pathlib.Path(_IMAGES_DIR.value))
+        images = f'images {", ".join(written) or "none"} in {_IMAGES_DIR.value}'
+    else:
+        images = f'{len(kept)} rows kept from {runs_csv}, figure left as it was'
+    print(f'{len(runs)} runs: tables in {results}, rows in {runs_csv}, {images}')
     return 0
 
 

@@ -294,3 +294,70 @@ def test_recipe_report_tables_gap_closure_and_figure(tmp_path):
     assert '+1.50 ± 0.71 (2/2 up)' in block
     assert _recipe_report.plot(root, runs, tmp_path / 'images') == ['recipe_hr10.png']
     assert (tmp_path / 'images' / 'recipe_hr10.png').stat().st_size > 1000
+
+
+def test_recipe_report_adds_runs_to_a_report_whose_folders_are_gone(tmp_path):
+    from launch import _recipe_report
+    old, new = tmp_path / 'old', tmp_path / 'new'
+    for seed in range(2):
+        for method, hr in (('itempop', 0.6), ('central', 0.9)):
+            _fake_recipe_run(old, f'lastfm_2k/{method}_seed{seed}', method=method, seed=seed,
+                             hr=hr, full_hr=0.1)
+        _fake_recipe_run(old, f'lastfm_2k/tuned_fedncf_seed{seed}', method='fedncf',
+                         seed=seed, hr=0.8, full_hr=0.2)
+    _fake_recipe_run(new, 'lastfm_2k/tuned_fedncf_seed2', method='fedncf', seed=2,
+                     hr=0.86, full_hr=0.2)
+    results = tmp_path / 'RESULTS.md'
+    results.write_text(f'# Results\n{_recipe_report.BEGIN}\n{_recipe_report.END}\n')
+    runs_csv, images = tmp_path / 'runs.csv', tmp_path / 'images'
+    args = [f'--results={results}', f'--images_dir={images}', f'--runs_csv={runs_csv}',
+            '--plan=recipe']
+    done = _script('report_study.py', f'--root_output_dir={old}', *args)
+    assert done.returncode == 0, done.stderr
+    figure = (images / 'recipe_hr10.png').read_bytes()
+    assert '| FedNCF, tuned preset | 0.8000 ± 0.0000 |' in results.read_text()
+
+    done = _script('report_study.py', f'--root_output_dir={new}', '--keep_reported_runs',
+                   *args)
+    assert done.returncode == 0, done.stderr
+    assert '6 rows kept' in done.stdout
+    assert len(pd.read_csv(runs_csv)) == 7
+    # Mean of 0.80, 0.80, 0.86 over three seeds; the figure is not redrawn.
+    assert '| FedNCF, tuned preset | 0.8200 ± 0.0346 |' in results.read_text()
+    assert (images / 'recipe_hr10.png').read_bytes() == figure
+
+    # Without the flag only the runs on disk are reported.
+    done = _script('report_study.py', f'--root_output_dir={new}', *args)
+    assert done.returncode == 0, done.stderr
+    assert len(pd.read_csv(runs_csv)) == 1
+
+
+def test_spec_protocol_table_frames_every_paper_method():
+    from launch import _recipe_report
+
+    def base(name, method, hr):
+        valid = '_valid_' in name
+        return {'name': name, 'dataset': name.split('/')[0], 'method': method,
+                'kind': study.recipe_kind(name), 'seed': 0,
+                'test:test/hr@10': np.nan if valid else hr + 0.01,
+                'test:test/ndcg@10': np.nan if valid else hr / 2,
+                'valid:test/hr@10': hr if valid else np.nan,
+                'valid:test/ndcg@10': hr / 2 if valid else np.nan}
+    runs = pd.DataFrame([
+        base('lastfm_2k/paperbase_itempop_seed0', 'itempop', 0.60),
+        base('lastfm_2k/paperbase_itempop_valid_seed0', 'itempop', 0.60),
+        base('lastfm_2k/paperbase_central_seed0', 'central', 0.80),
+        base('lastfm_2k/paperbase_central_valid_seed0', 'central', 0.80),
+        base('lastfm_2k/splitfix_fedrecgel_valid_seed0', 'fedrecgel', 0.65)])
+    previous = pd.DataFrame([
+        {'dataset': 'lastfm_2k', 'method': method, 'validation': validation,
+         'sweep': False, 'probe': False, 'long': False, 'test_hr': 0.7, 'test_ndcg': 0.4,
+         'valid_hr': 0.70, 'valid_ndcg': 0.4}
+        for method in ('fedrecgel', 'fedmf') for validation in (False, True)])
+    text = '\n'.join(_recipe_report.paper_protocol_lines(runs, previous))
+    assert '| LastFM-2K | popularity (floor) | 0.6100 / 0.3000 | 0.6000 / 0.3000 | — |' in text
+    # The rerun on the fixed split stands for FedRecGEL; FedMF comes from the
+    # paper study; gap closed = (0.65 - 0.6) / (0.8 - 0.6) and (0.7 - 0.6) / 0.2.
+    assert '| LastFM-2K | FedRecGEL (tie rule fixed) | — / — | 0.6500 / 0.3250 | 0.25 |' in text
+    assert '| LastFM-2K | FedMF | 0.7000 / 0.4000 | 0.7000 / 0.4000 | 0.50 |' in text
+    assert text.count('| FedRecGEL') == 1 and 'Amazon-Video' not in text
