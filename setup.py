@@ -42,7 +42,7 @@ setuptools.setup(
         # Test tools (nbclient, nbformat and ipykernel run docs/*.ipynb).
         # IPython 8.23+ imports typing_extensions.TypeAliasType, which the
         # typing-extensions that TFF pins (4.5.0) does not have.
-        'dev': ['pytest>=8', 'pytest-timeout>=2.3', 'nbclient>=0.10',
+        'dev': ['pytest>=8', 'pytest-timeout>=2.3', 'pytest-xdist>=3.5', 'nbclient>=0.10',
                 'nbformat>=5.9', 'ipykernel>=6.29', 'ipython>=8.20,<8.23'],
         # launch/report_study.py's figures.
         'plots': ['matplotlib>=3.8'],

@@ -25,25 +25,32 @@ def _dims(config):
     return [config.gmf_dim] + ([config.mlp_dim] if config.use_mlp else [])
 
 
+def _eighths(values):
+    return (np.round(values * 8) / 8).astype(np.float32)
+
+
 def _problem(config, num_users=23, seed=0):
     """Random weights and data with deliberate ties and awkward cases.
 
     Items 40-44 duplicate items 0-4 (same rows in every item table), so their
-    scores tie exactly. Held-out items are drawn from 0-9 so that many users
+    scores tie exactly: every weight is a small multiple of 1/8, so every
+    product and sum is exact in float32, whatever order a CPU's kernels add
+    in (with arbitrary floats, equal rows at different positions of a
+    matmul can round differently on some processors). Held-out items are drawn from 0-9 so that many users
     have a tied duplicate; user 0 has its target among its training items,
     user 1 has no training items, user 2 trains on every item but its target
     and one other.
     """
     rng = np.random.default_rng(seed)
     weights = [
-        rng.normal(0.0, 0.5, v.shape).astype(np.float32)
+        _eighths(rng.normal(0.0, 0.5, v.shape))
         for v in neumf.NeuMF(config, seed=seed).global_variables
     ]
     tables_per_item = 2 if config.use_mlp else 1
     for table in weights[:tables_per_item]:
         table[40:45] = table[0:5]
     tables = [
-        rng.normal(0.0, 0.5, (num_users, d)).astype(np.float32)
+        _eighths(rng.normal(0.0, 0.5, (num_users, d)))
         for d in _dims(config)
     ]
     heldout = rng.integers(0, 10, num_users).astype(np.int32)
