@@ -359,6 +359,8 @@ def _plot_long(root, runs, images, written, colors) -> None:
 def main(argv: list[str]) -> int:
     del argv
     root = pathlib.Path(_ROOT.value)
+    if _KEEP_REPORTED.value and _PLAN.value != 'recipe':
+        raise DataError('--keep_reported_runs applies to --plan=recipe only')
     if _PLAN.value == 'recipe':
         return _recipe(root)
     runs = study.collect(root)
