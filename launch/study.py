@@ -176,9 +176,13 @@ def study_plan(*, seeds: dict[str, int] | None = None, sweep_seeds: int = 3,
 # protocols, full ranking every few rounds (it costs seconds a time).
 RECIPE_HELDOUT = 0.1
 RECIPE_FULL_EVERY = {'filmtrust': 5, 'lastfm_2k': 10, 'amazon_video': 20}
-# Epochs of the central ceiling (it peaks within a few on every dataset), and
-# its full-ranking schedule (an epoch is one round).
-CENTRAL_EPOCHS = {'filmtrust': 15, 'lastfm_2k': 12, 'amazon_video': 10}
+# Epochs of the central ceiling, and its full-ranking schedule (an epoch is
+# one round). Sampled metrics peak within a few epochs; full ranking keeps
+# rising much longer (measured: FilmTrust peaks at 21, Amazon-Video at 28,
+# LastFM-2K still rises at 25), so the ceiling trains for that long.
+CENTRAL_EPOCHS = {'filmtrust': 30, 'lastfm_2k': 25, 'amazon_video': 30}
+# Under SPEC.md's protocol alone (sampled metrics, peaking within these).
+PAPERBASE_CENTRAL_EPOCHS = {'filmtrust': 15, 'lastfm_2k': 12, 'amazon_video': 10}
 CENTRAL_FULL_EVERY = {'filmtrust': 1, 'lastfm_2k': 1, 'amazon_video': 2}
 RECIPE_SEEDS = 5
 BASELINE_SEEDS = 3
@@ -223,7 +227,7 @@ def recipe_plan(datasets: Sequence[str] = DATASETS) -> list[Run]:
                          method='itempop', seed=0, validation=validation),
                      Run(name=f'{dataset}/paperbase_central{suffix}_seed0', dataset=dataset,
                          method='central', seed=0, validation=validation,
-                         total_rounds=CENTRAL_EPOCHS[dataset])]
+                         total_rounds=PAPERBASE_CENTRAL_EPOCHS[dataset])]
         if dataset == 'lastfm_2k':
             runs += [Run(name=f'{dataset}/tuned_sweep_sh{sh:g}_ns{ns:g}_seed{s}',
                          method='fedrecgel', seed=s, preset='tuned', rho_sh=sh, rho_ns=ns,
