@@ -131,7 +131,10 @@ def _is_our_worker(pid: int, port: int) -> bool:
     try:
         with open(f'/proc/{pid}/stat') as f:
             if f.read().rsplit(')', 1)[1].split()[0] == 'Z':
-                return False  # A zombie has exited; only its parent's wait is due.
+                # The main thread has exited. The worker is gone (only its
+                # parent's wait is due) once its other threads are too: until
+                # then it still holds its files, the listening socket included.
+                return len(os.listdir(f'/proc/{pid}/task')) > 1
         with open(f'/proc/{pid}/cmdline', 'rb') as f:
             args = f.read().split(b'\0')
     except (OSError, IndexError):

@@ -211,8 +211,14 @@ def test_second_run_on_a_folder_is_refused(reference, tmp_path):
     try:
         first.wait(timeout=180, until=lambda: lock.exists() and lock.read_text().startswith(
             f'pid {first.proc.pid} '))
-        second = Run(_args(tmp_path), tmp_path / 'second.txt')
-        code = second.wait(timeout=180)
+        # Paused, the first run holds the folder however long the second takes
+        # to start (it could otherwise finish its few rounds first).
+        os.killpg(first.proc.pid, signal.SIGSTOP)
+        try:
+            second = Run(_args(tmp_path), tmp_path / 'second.txt')
+            code = second.wait(timeout=180)
+        finally:
+            os.killpg(first.proc.pid, signal.SIGCONT)
         output = second.output()
         assert code == 2, output
         assert _last_line(output).startswith(
