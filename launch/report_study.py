@@ -17,7 +17,8 @@ Reads every finished run's summary.json, hparams.json and metrics.csv under
 
 With --plan=recipe it writes the recipe-tables block, docs/recipe_runs.csv and
 recipe_hr10.png instead; --keep_reported_runs adds new runs to a report whose
-earlier run folders are gone, keeping their rows from the runs CSV.
+earlier run folders are gone, keeping their rows from the runs CSV (the
+figure's curves are then drawn from the folders present).
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ _KEEP_REPORTED = flags.DEFINE_bool(
     'keep_reported_runs', False,
     'Recipe study: keep the rows of --runs_csv whose run folders are not under '
     '--root_output_dir (runs reported before whose outputs are gone), so a few '
-    'new runs can be added to a finished report. The figure is then left as it '
-    'is: its curves need every run folder.')
+    'new runs can be added to a finished report. The figure is redrawn: its '
+    'curves average the run folders present (the legend gives their count), '
+    'its central line the rows.')
 _PLAN = flags.DEFINE_enum(
     'plan', 'paper', ['paper', 'recipe'],
     'Which study: the paper reproduction (the study-tables block) or the recipe '
@@ -396,11 +398,10 @@ def _recipe(root: pathlib.Path) -> int:
     _report.write_block(results, _recipe_report.tables_block(runs, previous),
                         _recipe_report.BEGIN, _recipe_report.END)
     runs.sort_values('name').to_csv(runs_csv, index=False, float_format='%.6g')
-    if kept.empty:
-        written = _recipe_report.plot(root, runs, pathlib.Path(_IMAGES_DIR.value))
-        images = f'images {", ".join(written) or "none"} in {_IMAGES_DIR.value}'
-    else:
-        images = f'{len(kept)} rows kept from {runs_csv}, figure left as it was'
+    written = _recipe_report.plot(root, runs, pathlib.Path(_IMAGES_DIR.value))
+    images = f'images {", ".join(written) or "none"} in {_IMAGES_DIR.value}'
+    if not kept.empty:
+        images += f' (curves from the folders under {root}); {len(kept)} rows kept from {runs_csv}'
     print(f'{len(runs)} runs: tables in {results}, rows in {runs_csv}, {images}')
     return 0
 
