@@ -268,7 +268,7 @@ def plot(root: pathlib.Path, runs: pd.DataFrame, images: pathlib.Path) -> list[s
             ax.set_xlabel('round')
             ax.set_ylabel('test HR@10')
             ax.grid(alpha=0.3)
-            if col == 0:
+            if col == 0 or has_paper:  # The paper-protocol curves' labels too.
                 ax.legend(fontsize=7)
     written = []
     _report.save(fig, images, 'recipe_hr10.png', written)
