@@ -144,9 +144,29 @@ def run_main(main: Callable[[list[str]], Any], *,
             signum = getattr(e, 'signum', signal.SIGINT)
             sys.stderr.write(_stopped_line(signum, interrupted_hint) + '\n')
             sys.stderr.flush()
-            sys.exit(128 + signum)
+            _exit_without_finalizing(128 + signum)
 
     app.run(wrapped, flags_parser=_parse_flags)
+
+
+def _exit_without_finalizing(code: int) -> NoReturn:
+    """Runs the exit hooks (TFF's worker stops), then ends the process.
+
+    A signal stops the program while TFF's threads may be inside a call to
+    the worker. Python 3.11's finalization ends such threads with
+    ``pthread_exit``, which aborts the whole process (status -6, "FATAL:
+    exception not rethrown") when the thread is in gRPC's C++ code; exiting
+    after the hooks, without finalization, cannot.
+    """
+    try:
+        atexit._run_exitfuncs()  # pylint: disable=protected-access
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)  # pylint: disable=protected-access
 
 
 def tensorboard_command(logdir: os.PathLike | str) -> str:
