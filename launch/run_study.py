@@ -17,6 +17,11 @@ running now (the log file is locked); an interrupted run resumes from its
 last checkpoint. Failed runs are reported at the end (exit status 1) and
 retried next time. Then `launch/report_study.py` writes the tables and
 curves.
+
+Ctrl-C or SIGTERM stops the runner: no queued run starts, the running ones
+get the same signal, write their checkpoint and stop (killed if they have
+not within two minutes, or at a second signal), then the runner exits
+(130 or 143); the same command resumes.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ import concurrent.futures
 import fcntl
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 if __package__ in (None, ''):
@@ -64,6 +71,9 @@ _PLAN = flags.DEFINE_enum(
     'recipe: the popularity floor, the central ceiling and the tuned recipe, '
     'with a validation item, 10% held-out users and both protocols.')
 
+# How long stopped runs get to write their checkpoint before they are killed.
+_STOP_SECONDS = 120.0
+
 
 def _plan() -> list[study.Run]:
     for name in _DATASETS.value:
@@ -85,7 +95,64 @@ def _plan() -> list[study.Run]:
     return runs
 
 
-def _run_one(run: study.Run, root: pathlib.Path, datasets_dir: pathlib.Path) -> tuple[study.Run, int, float]:
+class _Children:
+    """The runs' processes, so that stopping the runner stops them too.
+
+    Each run starts in its own session: a Ctrl-C at the terminal reaches the
+    runner alone, which passes it on once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen] = set()
+        self._stopping = False
+
+    def call(self, command: list[str], log) -> int | None:
+        """Runs `command` to its end; None if the runner is stopping."""
+        with self._lock:
+            if self._stopping:
+                return None
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            self._running.add(proc)
+        try:
+            return proc.wait()
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+
+    def stop(self, signum: int, timeout: float = _STOP_SECONDS) -> int:
+        """Starts no more runs; signals the running ones and waits for them.
+
+        Returns:
+          How many runs were running.
+
+        Raises:
+          KeyboardInterrupt: A second signal came while waiting (the runs
+            are killed first).
+        """
+        with self._lock:
+            self._stopping = True
+            running = list(self._running)
+        for proc in running:
+            proc.send_signal(signum)
+        deadline = time.monotonic() + timeout
+        try:
+            for proc in running:
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        except KeyboardInterrupt:
+            for proc in running:
+                proc.kill()
+            raise
+        return len(running)
+
+
+def _run_one(run: study.Run, root: pathlib.Path, datasets_dir: pathlib.Path,
+             children: _Children) -> tuple[study.Run, int | None, float]:
     out_dir = root / run.dataset
     out_dir.mkdir(parents=True, exist_ok=True)
     experiment = run.name.split('/', 1)[1]
@@ -104,8 +171,7 @@ def _run_one(run: study.Run, root: pathlib.Path, datasets_dir: pathlib.Path) -> 
             return run, None, 0.0
         log.write(' '.join(command) + '\n')
         log.flush()
-        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL)
+        code = children.call(command, log)
     return run, code, time.perf_counter() - start
 
 
@@ -137,8 +203,10 @@ def main(argv: list[str]) -> int:
     print(f'{len(runs) - len(todo)} of {len(runs)} runs already done; '
           f'running {len(todo)} ({_PARALLEL.value} at a time) into {root}', flush=True)
     start, failed, skipped = time.perf_counter(), [], 0
-    with concurrent.futures.ThreadPoolExecutor(_PARALLEL.value) as pool:
-        futures = [pool.submit(_run_one, run, root, datasets_dir) for run in todo]
+    children = _Children()
+    pool = concurrent.futures.ThreadPoolExecutor(_PARALLEL.value)
+    try:
+        futures = [pool.submit(_run_one, run, root, datasets_dir, children) for run in todo]
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
             run, code, seconds = future.result()
             if code is None:
@@ -150,6 +218,13 @@ def main(argv: list[str]) -> int:
                 status = f'FAILED (exit {code}; see {run.name}.log)'
                 failed.append(run.name)
             print(f'[{done}/{len(todo)}] {run.name}: {status}', flush=True)
+    except KeyboardInterrupt as e:
+        pool.shutdown(wait=False, cancel_futures=True)
+        stopped = children.stop(getattr(e, 'signum', signal.SIGINT))
+        print(f'study: stopped; {stopped} running run(s) stopped at their last '
+              'checkpoint', flush=True)
+        raise
+    pool.shutdown()
     finished = len(todo) - len(failed) - skipped
     print(f'study: {finished} runs in {time.perf_counter() - start:.0f} s'
           + (f'; {skipped} skipped' if skipped else '')
@@ -158,4 +233,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == '__main__':
-    _entry.run_main(main)
+    _entry.run_main(main, interrupted_hint='run the same command to resume')

@@ -2,15 +2,19 @@
 
 import fcntl
 import json
+import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from launch import study
+import worker_watch
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -222,6 +226,48 @@ def test_runner_skips_a_run_another_runner_holds(tmp_path):
     assert 'filmtrust/fedmf_seed3: skipped' in done.stdout
     assert 'study: 0 runs in' in done.stdout and '; 1 skipped' in done.stdout
     assert not (root / 'filmtrust' / 'fedmf_seed3').exists()
+
+
+def test_sigterm_stops_the_runner_its_runs_and_its_queue(tmp_path):
+    """SIGTERM to a runner with runs queued: the running one stops at a
+    checkpoint, no queued one starts, nothing is left running."""
+    data = tmp_path / 'data' / 'filmtrust'
+    data.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    lines = [f'{u} {i} {rng.integers(1, 9) / 2}' for u in range(1, 41)
+             for i in rng.choice(np.arange(1, 201), 12, replace=False)]
+    (data / 'filmtrust-ratings.txt').write_text('\n'.join(lines) + '\n')
+    root = tmp_path / 'study'
+    runner = subprocess.Popen(
+        [sys.executable, str(REPO / 'launch' / 'run_study.py'), f'--root_output_dir={root}',
+         f'--datasets_dir={tmp_path / "data"}', '--datasets=filmtrust', '--only=fedmf_seed',
+         '--parallel=1'],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL, start_new_session=True)
+    first_log = root / 'filmtrust' / 'fedmf_seed0.log'
+    workers, runs = {}, set()
+    try:
+        deadline = time.monotonic() + 120
+        # Signal once the first run trains (it has printed where it writes).
+        while 'outputs:' not in (first_log.read_text() if first_log.exists() else ''):
+            assert runner.poll() is None and time.monotonic() < deadline, runner.communicate()
+            runs.update(worker_watch.descendants(runner.pid, recursive=False))
+            worker_watch.note_workers(runner.pid, workers, recursive=True)
+            time.sleep(0.05)
+        runs.update(worker_watch.descendants(runner.pid, recursive=False))
+        os.kill(runner.pid, signal.SIGTERM)
+        out, err = runner.communicate(timeout=180)
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+    assert runner.returncode == 143, err
+    assert err.strip().splitlines()[-1] == (
+        'terminated (SIGTERM): stopped; run the same command to resume'), err
+    assert 'study: stopped; 1 running run(s) stopped' in out
+    assert 'terminated (SIGTERM): stopped' in first_log.read_text()
+    assert sorted(p.name for p in (root / 'filmtrust').glob('*.log')) == ['fedmf_seed0.log']
+    assert runs and not [pid for pid in runs if worker_watch.alive_since(pid)]
+    assert not worker_watch.workers_left(workers)
 
 
 # --- the recipe study --------------------------------------------------------
