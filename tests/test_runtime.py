@@ -93,3 +93,39 @@ def test_entry_points_restore_sigint_for_the_worker():
     returncode, out = _run_piped(code, ignore_sigint=True)
     assert returncode == 0, out
     assert 'ignored before: True' in out and 'handled after: True' in out
+
+
+def test_a_signal_inside_an_import_stops_the_program_after_it(tmp_path):
+    """Imported code may swallow the exception a signal raises (a stopped
+    run once went on, half imported): the signal comes again after it."""
+    (tmp_path / 'swallowing.py').write_text(textwrap.dedent('''
+        import time
+        print('importing', flush=True)
+        try:
+            time.sleep(3)
+        except BaseException:
+            pass
+    '''))
+    script = textwrap.dedent(f'''
+        import sys, time
+        sys.path[:0] = [{REPO!r}, {str(tmp_path)!r}]
+        from tff_fedrecgel import runtime
+        runtime.install_signal_handlers()
+        try:
+            with runtime.armed_signals():
+                import swallowing
+                print('imported', flush=True)
+                time.sleep(30)
+                print('not stopped', flush=True)
+        except KeyboardInterrupt as e:
+            print('stopped by', e.signum, flush=True)
+    ''')
+    proc = subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout.readline() == 'importing\n'
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=25)
+    finally:
+        proc.kill()
+    assert out.split('\n')[:2] == ['imported', f'stopped by {int(signal.SIGTERM)}'], out

@@ -347,7 +347,6 @@ _signal_state = {'depth': 0, 'pending': None, 'armed': False, 'unarmed': None}
 
 
 def _handle_signal(signum, frame):
-    del frame
     if not _signal_state['armed']:
         # Before the program's main code runs (imports) or after it ended:
         # nothing to clean up that the kernel does not do.
@@ -358,7 +357,27 @@ def _handle_signal(signum, frame):
     if _signal_state['depth'] > 0:
         _signal_state['pending'] = signum
         return
+    if _importing(frame):
+        # Raised inside an import, the exception can be swallowed by the
+        # imported code (a stopped run then went on with a half-imported
+        # module and died on it): deliver the signal again once it is over.
+        timer = threading.Timer(_REDELIVER_SECONDS, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
     raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+_REDELIVER_SECONDS = 0.05
+
+
+def _importing(frame) -> bool:
+    """Whether the main thread, at `frame`, is inside an `import`."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith('<frozen importlib'):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def install_signal_handlers(*, on_early_signal=None) -> None:
