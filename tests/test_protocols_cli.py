@@ -78,6 +78,21 @@ def test_tuned_preset_is_recorded_and_explicit_flags_win(tmp_path):
     assert (tuned.server_lr, tuned.client_fraction) == (0.02, 0.2)
 
 
+def test_every_task_preset_names_real_settings():
+    from tff_fedrecgel import api, tasks
+    for name in tasks.TASK_NAMES:
+        for method in ('fedncf', 'fedrecgel'):
+            settings = api.settings(name, algorithm=method, preset='tuned')
+            for key, value in tasks.get_task(name).preset('tuned').items():
+                assert getattr(settings, key) == value, (name, method, key)
+    # Amazon-Video's preset changes the users' rebuild too; a flag still wins.
+    tuned = api.settings('amazon_video', algorithm='fedncf', preset='tuned',
+                         reconstruction_steps=5)
+    paper = api.settings('amazon_video', algorithm='fedncf')
+    assert (tuned.num_negatives, tuned.reconstruction_steps) == (32, 5)
+    assert (paper.num_negatives, paper.reconstruction_steps, paper.update) == (4, 5, 'gradient')
+
+
 @pytest.mark.parametrize('args, fragment', [
     (['--algorithm=itempop', '--rho_sh=0.1'], 'itempop does not take --rho_sh'),
     (['--algorithm=fedncf', '--rho_sh=0.1'], '--rho_sh must be 0.0 for fedncf'),
