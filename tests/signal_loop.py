@@ -24,19 +24,9 @@ import tempfile
 import time
 
 from conftest import TRAIN_SMALL_RUN
+import worker_watch
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _handles_sigterm(pid: int) -> bool:
-    try:
-        with open(f'/proc/{pid}/status') as f:
-            for line in f:
-                if line.startswith('SigCgt:'):
-                    return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
-    except OSError:
-        pass
-    return False
 
 
 def main() -> int:
@@ -56,7 +46,7 @@ def main() -> int:
                  f'--root_output_dir={folder}', '--experiment_name=run'],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=REPO, start_new_session=True)
-            while proc.poll() is None and not _handles_sigterm(proc.pid):
+            while proc.poll() is None and not worker_watch.handles(proc.pid, signal.SIGTERM):
                 time.sleep(0.05)
             time.sleep(rng.uniform(0.5, args.span))
             if proc.poll() is None:

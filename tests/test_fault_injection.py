@@ -34,18 +34,6 @@ TIMING = ('train/round_seconds', 'eval_seconds')
 _REPORT = {}
 
 
-def _handles(pid, signum):
-    """Whether the process has a handler for `signum` (SigCgt)."""
-    try:
-        with open(f'/proc/{pid}/status') as f:
-            for line in f:
-                if line.startswith('SigCgt:'):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except OSError:
-        pass
-    return False
-
-
 class Run:
     """One `launch/train.py` process and every worker seen under it."""
 
@@ -155,7 +143,7 @@ def test_signals_at_random_points_resume_identically(reference, tmp_path):
             sig = kinds[injected % len(kinds)]
             # Times count from when the program handles signals (before
             # that, Python's defaults apply); SIGKILL needs no handler.
-            run.wait(timeout=120, until=lambda: _handles(run.proc.pid, signal.SIGTERM))
+            run.wait(timeout=120, until=lambda: worker_watch.handles(run.proc.pid, signal.SIGTERM))
             delay = rng.uniform(0.0, span)
             start = time.monotonic()
             code = run.wait(timeout=delay + 120, until=lambda: time.monotonic() - start >= delay)

@@ -56,3 +56,15 @@ def workers_left(seen, timeout=20):
         left = {p: s for p, s in left.items() if alive_since(p) == s}
         time.sleep(0.05)
     return sorted(left)
+
+
+def handles(pid, signum):
+    """Whether the process has a handler for `signum` (SigCgt)."""
+    try:
+        with open(f'/proc/{pid}/status') as f:
+            for line in f:
+                if line.startswith('SigCgt:'):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except OSError:
+        pass
+    return False
