@@ -63,10 +63,14 @@ CLIENT_WEIGHTING = flags.DEFINE_enum(
 SEED = flags.DEFINE_integer(
     'seed', _default('seed'), 'Seed of initial weights, client sampling and negatives.')
 
-PRESET = flags.DEFINE_enum(
-    'preset', _default('preset'), list(run_settings.PRESETS),
-    'paper: SPEC.md\'s protocol; tuned: the task\'s settings chosen on the '
-    'validation item (docs/RESULTS.md). Flags given explicitly win.')
+PRESET = flags.DEFINE_string(
+    'preset', None,
+    'paper: the paper\'s protocol (docs/ALGORITHM.md); tuned: the task\'s own '
+    'settings chosen on its validation item; auto: one recipe chosen for '
+    'transfer, with the training negatives derived from the data '
+    '(docs/RESULTS.md, "Transfer"); or a .json preset file (launch/tune.py '
+    'writes one). Default: paper for the paper\'s datasets, auto for csv and '
+    'synthetic. Flags given explicitly win.')
 
 # Settings this module sets apart from the flags of their name.
 _NOT_FROM_FLAGS = ('task', 'algorithm', 'preset', 'data_dir', 'data_options')
@@ -84,9 +88,14 @@ def selected_task() -> tasks.Task:
     return tasks.get_task(TASK.value)
 
 
-def settings(task: tasks.Task) -> run_settings.Settings:
+def settings(task: tasks.Task, data_profile=None) -> run_settings.Settings:
     """The run's settings: every flag named as a `Settings` field and given on
     the command line, over the task's defaults and its `--preset`.
+
+    Args:
+      task: The task.
+      data_profile: The data's `recipes.DataProfile`, for presets derived
+        from the data (without it they give their data-independent part).
 
     Raises:
       ValueError: If a value is out of range, or contradicts what the
@@ -100,7 +109,7 @@ def settings(task: tasks.Task) -> run_settings.Settings:
     try:
         return run_settings.settings(
             task.name, algorithm=ALGORITHM.value, preset=PRESET.value,
-            data_dir=_data_flags.DATA_DIR.value,
+            data_profile=data_profile, data_dir=_data_flags.DATA_DIR.value,
             data_options=_data_flags.task_options(task), **given)
     except run_settings.SettingError as e:
         raise ValueError(e.flag_message()) from None

@@ -247,3 +247,14 @@ def tff_runtime(*, secure_sum: bool = False):
     if _runtime is None:
         _runtime = runtime.LocalRuntime()
     return _runtime.install(secure_sum=secure_sum)
+
+
+def define_checkpoint_flag():
+    """--checkpoint of the entry points that serve a run's trained model."""
+    from tff_fedrecgel.program import run_folder  # pylint: disable=g-import-not-at-top
+
+    return flags.DEFINE_enum(
+        'checkpoint', run_folder.SELECTED, list(run_folder.CHECKPOINT_CHOICES),
+        'selected: the round chosen on the validation item, which the summary '
+        'reports (runs with --validation keep it; others serve the latest); '
+        'latest: the latest checkpoint.')

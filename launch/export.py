@@ -50,6 +50,7 @@ from absl import flags
 from launch import _algorithm_flags as algo
 from launch import _data_flags
 from tff_fedrecgel import methods
+from tff_fedrecgel import recipes
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -64,6 +65,7 @@ _OVERWRITE = flags.DEFINE_bool(
 _RUN_DIR = flags.DEFINE_string(
     'run_dir', None, 'Export the trained model of this run folder (written by '
     'launch/train.py) instead of the computations.')
+_CHECKPOINT = _entry.define_checkpoint_flag()
 
 
 def _check_output_dir(path: str) -> str:
@@ -102,7 +104,7 @@ def _check_run_flags() -> None:
 
 
 def _export_run(output_dir: str) -> int:
-    """--run_dir: the trained model of the run's latest checkpoint."""
+    """--run_dir: the trained model of the run (the --checkpoint it serves)."""
     from tff_fedrecgel import api  # pylint: disable=g-import-not-at-top
 
     run_settings, foreign, split = api.read_run(_RUN_DIR.value,
@@ -110,7 +112,7 @@ def _export_run(output_dir: str) -> int:
     with api.Session():
         experiment = api.Experiment(run_settings, run_dir=_RUN_DIR.value, split=split,
                                     foreign_settings=foreign)
-        round_num = experiment.restore()
+        round_num = experiment.restore(checkpoint=_CHECKPOINT.value)
         print(f'{run_settings.task} {run_settings.algorithm}, round {round_num}: '
               f'exporting the trained model to {output_dir}', flush=True)
         info = experiment.export(output_dir)
@@ -134,6 +136,8 @@ def main(argv: list[str]) -> int:
     if _RUN_DIR.value:
         _check_run_flags()
         return _export_run(_check_output_dir(_OUTPUT_DIR.value))
+    if _CHECKPOINT.present:
+        raise DataError('--checkpoint picks the state of --run_dir; give --run_dir')
     task = algo.selected_task()
     if not _OUTPUT_DIR.value:
         raise DataError('--output_dir is required')
@@ -145,6 +149,8 @@ def main(argv: list[str]) -> int:
     # Only the item count is needed from the data; read it before the slow
     # TensorFlow imports so that data errors come quickly.
     split = task.load_split(data_dir=settings.data_dir, **settings.data_options)
+    if recipes.needs_data(settings.preset):
+        settings = algo.settings(task, recipes.DataProfile.of(split))
 
     _entry.tff_runtime()  # TFF's worker dies with this process.
     from tff_fedrecgel import export  # pylint: disable=g-import-not-at-top

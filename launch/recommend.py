@@ -52,6 +52,7 @@ _DATA_DIR = flags.DEFINE_string(
     'data_dir', None, 'Where the run\'s raw data is now (default: where it was '
     'trained from, as hparams.json records).')
 _JSON = flags.DEFINE_bool('json', False, 'Print one JSON object.')
+_CHECKPOINT = _entry.define_checkpoint_flag()
 
 
 def _check_ids(split) -> None:
@@ -86,7 +87,7 @@ def main(argv: list[str]) -> int:
     with api.Session():
         experiment = api.Experiment(run_settings, run_dir=_RUN_DIR.value, split=split,
                                     foreign_settings=foreign)
-        round_num = experiment.restore()
+        round_num = experiment.restore(checkpoint=_CHECKPOINT.value)
         model = experiment.model()
         if _ITEMS.value is not None:
             embedding = model.embedding_from_items(_ITEMS.value)

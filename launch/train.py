@@ -44,6 +44,7 @@ from absl import logging
 from launch import _algorithm_flags as algo
 from launch import _data_flags
 from tff_fedrecgel import methods
+from tff_fedrecgel import recipes
 from tff_fedrecgel import run_settings
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -93,6 +94,10 @@ _SIMULATION = flags.DEFINE_enum(
 _MAX_GROUP_EXAMPLES = flags.DEFINE_integer(
     'max_group_examples', run_settings.default('max_group_examples'),
     'vectorized: padded examples (users x longest batch) per TFF client.')
+_EARLY_STOPPING_PATIENCE = flags.DEFINE_integer(
+    'early_stopping_patience', None,
+    'With --validation: stop after this many evaluations without a better '
+    'validation HR@10 (full ranking when evaluated, else sampled).')
 _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
 _SHARPNESS_PROBE = flags.DEFINE_float(
     'sharpness_probe', None,
@@ -123,13 +128,13 @@ _SECURE_AGGREGATION = flags.DEFINE_bool(
     'this exercises the arithmetic only). Runs one user per TFF client.')
 
 
-def _settings(task) -> run_settings.Settings:
+def _settings(task, data_profile=None) -> run_settings.Settings:
     """All settings of the run, from the task's defaults and the flags."""
     if _CLIENTS_PER_ROUND.present and _CLIENT_FRACTION.present:
         raise ValueError('give --clients_per_round or --client_fraction, not both')
     _check_method(algo.ALGORITHM.value,
                   private=_DP_NOISE_MULTIPLIER.value is not None or _SECURE_AGGREGATION.value)
-    return algo.settings(task)
+    return algo.settings(task, data_profile)
 
 
 def _privacy(settings: run_settings.Settings, num_users: int):
@@ -222,6 +227,9 @@ def main(argv: list[str]) -> int:
     # Fail on bad data before the slow TF imports.
     split = task.load_split(data_dir=settings.data_dir, validation=settings.validation,
                             **settings.data_options)
+    profile = recipes.DataProfile.of(split)
+    if recipes.needs_data(settings.preset):
+        settings = _settings(task, profile)
     try:
         clients = settings.cohort(split.num_users)
     except run_settings.SettingError as e:
@@ -237,11 +245,22 @@ def main(argv: list[str]) -> int:
     with program.lock_experiment(root_output_dir=_ROOT_OUTPUT_DIR.value,
                                  experiment_name=experiment) as paths:
         program.check_hparams(paths, hparams)
-        return _train(task, settings, hparams, split, clients, privacy, paths)
+        return _train(task, settings, hparams, split, clients, privacy, paths, profile)
+
+
+def _headline(headline) -> str:
+    """The summary's first figure in words."""
+    suffix = '_full' if headline['protocol'] == 'full' else ''
+    protocol = 'full ranking' if suffix else 'sampled, 99 negatives'
+    served = ('; recommend.py, export.py and api.load_run serve this round'
+              if headline['selection'].startswith('valid') else '')
+    return (f'round {headline["round"]}, {headline["chosen"]}: test HR@10 '
+            f'{headline[f"test{suffix}/hr@10"]:.4f}, NDCG@10 '
+            f'{headline[f"test{suffix}/ndcg@10"]:.4f} ({protocol}){served}')
 
 
 def _train(task, settings: run_settings.Settings, hparams: dict, split, clients: int,
-           privacy, paths) -> int:
+           privacy, paths, profile) -> int:
     """Builds the TFF process, records the settings and runs the rounds."""
     _entry.tff_runtime()
     from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
@@ -254,6 +273,7 @@ def _train(task, settings: run_settings.Settings, hparams: dict, split, clients:
           f'rho_ns={settings.rho_ns}); {settings.total_rounds} rounds; '
           f'{"vectorized" if settings.vectorized(one_user) else "one user per TFF client"}',
           flush=True)
+    print(run_settings.preset_banner(settings, profile), flush=True)
     start = time.perf_counter()
     aggregator, privacy_report = _privacy_pieces(privacy, clients, split.num_users,
                                                  settings.total_rounds)
@@ -275,10 +295,12 @@ def _train(task, settings: run_settings.Settings, hparams: dict, split, clients:
         eval_protocol=settings.eval_protocol,
         rounds_per_full_eval=settings.rounds_per_full_eval,
         progress=_PROGRESS.value,
+        early_stopping_patience=settings.early_stopping_patience,
         extra_train_metrics=privacy_report.round_metrics if privacy_report else None,
         extra_summary=privacy_report.summary if privacy_report else None)
     summary['wall_seconds'] = round(time.perf_counter() - start, 1)
     summary['output_dir'] = str(paths.root)
+    print(_headline(summary['headline']), flush=True)
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -9,6 +9,7 @@ from typing import Any, Union
 
 import pandas as pd
 
+from tff_fedrecgel import recipes
 from tff_fedrecgel.data import preprocess as preprocess_lib
 from tff_fedrecgel.data import split_io
 from tff_fedrecgel.data.preprocess import Split
@@ -55,6 +56,8 @@ class Task:
       tuned: The 'tuned' preset: settings (by their command-line names) that
         replace the paper's protocol where the run does not set them itself,
         chosen on the validation item (docs/RESULTS.md).
+      default_preset: The preset of a run that names none: 'paper' for the
+        paper's datasets (to reproduce it), 'auto' for data of one's own.
     """
 
     name: str
@@ -70,18 +73,22 @@ class Task:
     option_names: tuple[str, ...] = ()
     data_dir_may_be_file: bool = False
     tuned: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    default_preset: str = recipes.PAPER
 
-    def preset(self, name: str) -> dict[str, Any]:
-        """The settings of a preset: 'paper' (SPEC.md's protocol) or 'tuned'.
+    def preset(self, name: str | None = None,
+               profile: recipes.DataProfile | None = None) -> dict[str, Any]:
+        """The settings of a preset (`recipes`): 'paper', 'tuned', 'auto' or
+        a ``.json`` file.
+
+        Args:
+          name: The preset (None: `default_preset`).
+          profile: The data's profile, for presets derived from the data.
 
         Raises:
-          DataError: For an unknown preset.
+          DataError: For an unknown preset or an unreadable preset file.
         """
-        if name == 'paper':
-            return {}
-        if name == 'tuned':
-            return dict(self.tuned)
-        raise DataError(f"unknown preset {name!r}; choose 'paper' or 'tuned'")
+        return recipes.preset_values(self.default_preset if name is None else name,
+                                     self.tuned, profile)
 
     def _check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(options) - set(self.option_names))

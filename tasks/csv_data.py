@@ -4,6 +4,7 @@ Named ``csv_data`` (task name ``csv``) so that it never shadows the standard
 library's ``csv`` module.
 """
 
+from tff_fedrecgel import recipes
 from tff_fedrecgel.tasks.base import Task
 from tff_fedrecgel.data import loaders
 
@@ -16,6 +17,7 @@ TASK = Task(
     rho_sh=0.01,
     rho_ns=0.05,
     description='A user-supplied CSV of (user, item[, rating][, timestamp]).',
+    default_preset=recipes.AUTO,
     reader=loaders.load_csv,
     option_names=('sep', 'header', 'user_col', 'item_col', 'timestamp_col',
                   'rating_col', 'min_rating'),

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from tff_fedrecgel import recipes
 from tff_fedrecgel.tasks.base import Task
 from tff_fedrecgel.data import synthetic
 
@@ -13,6 +14,7 @@ TASK = Task(
     total_rounds=20,
     client_fraction=0.1,
     description='Synthetic latent-factor log (500 users, 400 items default).',
+    default_preset=recipes.AUTO,
     reader=synthetic.generate_synthetic,
     option_names=tuple(f.name for f in dataclasses.fields(
         synthetic.SyntheticConfig)),

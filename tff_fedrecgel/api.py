@@ -47,6 +47,7 @@ import threading
 from typing import Any
 
 from tff_fedrecgel import methods
+from tff_fedrecgel import recipes
 from tff_fedrecgel import runtime
 from tff_fedrecgel import tasks
 from tff_fedrecgel.data.preprocess import Split
@@ -291,7 +292,8 @@ class Experiment:
                 rounds_per_full_eval=run_settings.rounds_per_full_eval,
                 rounds_per_checkpoint=run_settings.rounds_per_checkpoint,
                 hparams=hparams, validation=run_settings.validation, progress=progress,
-                on_round_end=round_end)
+                on_round_end=round_end,
+                early_stopping_patience=run_settings.early_stopping_patience)
 
         with program.lock_experiment(root_output_dir=self.paths.root.parent,
                                      experiment_name=self.paths.root.name) as paths:
@@ -304,8 +306,14 @@ class Experiment:
         self._has_state = True
         return summary
 
-    def restore(self, *, round_num: int | None = None) -> int:
+    def restore(self, *, round_num: int | None = None,
+                checkpoint: str = run_folder.LATEST) -> int:
         """Loads a checkpoint of the run (default: the latest readable one).
+
+        Args:
+          round_num: A checkpoint's round (None: as `checkpoint`).
+          checkpoint: 'latest', or 'selected': the round chosen on the
+            validation item, which a run with one keeps (else the latest).
 
         Returns:
           The checkpoint's round.
@@ -313,7 +321,8 @@ class Experiment:
         Raises:
           RunFolderError: If the run has no such checkpoint.
         """
-        version, state = run_folder.load_checkpoint(self.paths.root, round_num=round_num)
+        version, state = run_folder.load_checkpoint(self.paths.root, round_num=round_num,
+                                                    checkpoint=checkpoint)
         ensure_session()
         self.simulation.restore(state['simulation'])
         self._has_state = True
@@ -396,12 +405,20 @@ def experiment(task: str, *, run_dir: str | os.PathLike, split: Split | None = N
         resumes it.
       split: The data (default: `prepare_data` with the settings' `data_dir`,
         `validation` and `data_options`).
-      **settings_args: As `settings` (algorithm, radii, rounds, data_dir, ...).
+      **settings_args: As `settings` (algorithm, radii, rounds, data_dir,
+        preset, ...); without a preset, the task's (`auto` for csv and
+        synthetic data, `paper` for the paper's datasets).
 
     Returns:
       The `Experiment`.
     """
-    return Experiment(settings(task, **settings_args), run_dir=run_dir, split=split)
+    run_settings = settings(task, **settings_args)  # Checked before the data is read.
+    if recipes.needs_data(run_settings.preset) and 'data_profile' not in settings_args:
+        if split is None:
+            split = _load_split(run_settings)
+        run_settings = settings(task, data_profile=recipes.DataProfile.of(split),
+                                **settings_args)
+    return Experiment(run_settings, run_dir=run_dir, split=split)
 
 
 def read_run(run_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = None
@@ -428,13 +445,18 @@ def read_run(run_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None =
 
 
 def load_run(run_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = None,
-             round_num: int | None = None) -> Experiment:
-    """A run folder back as an `Experiment`, at its latest checkpoint.
+             round_num: int | None = None,
+             checkpoint: str = run_folder.SELECTED) -> Experiment:
+    """A run folder back as an `Experiment`, at the round it serves: the
+    one chosen on the validation item where the run has one, else its
+    latest checkpoint (`train()` continues from the latest either way).
 
     Args:
       run_dir: A folder written by `launch/train.py` or `Experiment.train`.
       data_dir: Where the raw data is now, if not where the run read it.
-      round_num: A checkpoint's round (default: the latest).
+      round_num: A checkpoint's round (default: as `checkpoint`).
+      checkpoint: 'selected' (the validation-selected round, else the
+        latest) or 'latest'.
 
     Returns:
       The restored `Experiment`.
@@ -446,5 +468,5 @@ def load_run(run_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None =
     run_settings, foreign, split = read_run(run_dir, data_dir=data_dir)
     loaded = Experiment(run_settings, run_dir=run_dir, split=split,
                         foreign_settings=foreign)
-    loaded.restore(round_num=round_num)
+    loaded.restore(round_num=round_num, checkpoint=checkpoint)
     return loaded

@@ -17,11 +17,12 @@ import os
 from typing import Any
 
 from tff_fedrecgel import methods
+from tff_fedrecgel import recipes
 from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError
 
 SIMULATIONS = ('auto', 'vectorized', 'per_user')
-PRESETS = ('paper', 'tuned')
+PRESETS = recipes.PRESETS
 EVAL_PROTOCOLS = ('sampled', 'full', 'both')
 MAX_SEED = 2**32 - 1  # TFF's client sampling seeds numpy's RandomState.
 
@@ -46,7 +47,7 @@ class SettingError(ValueError):
 _RANGES = {
     **dict.fromkeys(('total_rounds', 'rounds_per_eval', 'clients_per_round',
                      'reconstruction_steps', 'local_epochs', 'max_group_examples',
-                     'rounds_per_full_eval'), (1, True, None)),
+                     'rounds_per_full_eval', 'early_stopping_patience'), (1, True, None)),
     **dict.fromkeys(('rounds_per_checkpoint', 'num_negatives', 'rho_sh', 'rho_ns'),
                     (0, True, None)),
     'client_fraction': (0, False, 1),
@@ -97,8 +98,9 @@ class Settings:
         round.
       clients_per_round: Cohort size (overrides `client_fraction`).
       rho_sh, rho_ns: SAM radii of the global and the local part.
-      preset: 'paper' (SPEC.md's protocol) or 'tuned' (the task's settings
-        chosen on the validation item; `settings` fills them in).
+      preset: The preset `settings` filled in (`recipes`): 'paper', 'tuned'
+        (the task's own), 'auto' (chosen for transfer) or a ``.json`` file;
+        None: the task's `default_preset`.
       local_lr: Client Adam on the user embedding.
       server_lr, server_optimizer: The server optimizer and its rate.
       num_negatives: Training negatives per positive.
@@ -116,6 +118,8 @@ class Settings:
       max_group_examples: Padded examples per TFF client (vectorized).
       sharpness_probe: Radius of the sharpness probe, or None.
       heldout_users: Fraction of users never trained on nor sampled.
+      early_stopping_patience: With `validation`, stop after this many
+        evaluations without a better validation round (None: never).
     """
 
     task: str
@@ -123,7 +127,7 @@ class Settings:
     data_dir: str | None = None
     data_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     validation: bool = False
-    preset: str = 'paper'
+    preset: str | None = None
     total_rounds: int = 100
     client_fraction: float = 0.1
     clients_per_round: int | None = None
@@ -149,11 +153,17 @@ class Settings:
     max_group_examples: int = 16384
     sharpness_probe: float | None = None
     heldout_users: float = 0.0
+    early_stopping_patience: int | None = None
 
     def __post_init__(self):
-        tasks.get_task(self.task)
+        spec = tasks.get_task(self.task)
         methods.get_method(self.algorithm)
-        for name, allowed in (('simulation', SIMULATIONS), ('preset', PRESETS),
+        if self.preset is None:
+            object.__setattr__(self, 'preset', spec.default_preset)
+        if self.preset not in PRESETS and not recipes.is_preset_file(self.preset):
+            raise SettingError('preset', f'must be one of {PRESETS} or a .json file',
+                               self.preset)
+        for name, allowed in (('simulation', SIMULATIONS),
                               ('eval_protocol', EVAL_PROTOCOLS),
                               ('server_optimizer', tuple(methods.SERVER_OPTIMIZERS))):
             if getattr(self, name) not in allowed:
@@ -161,6 +171,9 @@ class Settings:
         for field in dataclasses.fields(self):
             check_range(field.name, getattr(self, field.name))
         check_range('data_seed', self.data_options.get('seed'))
+        if self.early_stopping_patience and not self.validation:
+            raise SettingError('early_stopping_patience', 'needs --validation (it watches '
+                               'the validation item)', self.early_stopping_patience)
 
     def hparams(self) -> dict[str, Any]:
         """The settings as `hparams.json` records them (as launch/train.py)."""
@@ -268,21 +281,29 @@ _FEDRECON_UNUSED = ('update', 'local_epochs', 'client_lr', 'client_weighting',
                     'sharpness_probe')
 
 
+# Settings a preset file may not set: they name the run, not its recipe.
+_NOT_PRESETTABLE = ('task', 'algorithm', 'data_dir', 'data_options', 'preset')
+
+
 def settings(task: str, *, algorithm: str = methods.FEDRECGEL,
              rho_sh: float | None = None, rho_ns: float | None = None,
              total_rounds: int | None = None, client_fraction: float | None = None,
-             preset: str = 'paper', **overrides: Any) -> Settings:
-    """A run's settings: the task's defaults, the method's, then `overrides`.
+             preset: str | None = None, data_profile: recipes.DataProfile | None = None,
+             **overrides: Any) -> Settings:
+    """A run's settings: the task's defaults, the preset's, the method's, then
+    what is given.
 
     Args:
       task: A name of `TASK_NAMES`; its SAM radii, rounds and client
         fraction are the defaults (`tasks.get_task(task)` shows them).
       algorithm: A name of `METHOD_NAMES`; radii it fixes (e.g. fedncf: 0)
         win over the task's.
-      rho_sh, rho_ns: SAM radii (None: the task's).
+      rho_sh, rho_ns: SAM radii (None: the task's, or the preset's).
       total_rounds, client_fraction: None: the task's (or the preset's).
-      preset: 'paper' or 'tuned': the task's tuned settings
-        (`Task.tuned`) fill in what is not given.
+      preset: A preset of `recipes` (None: the task's `default_preset`); its
+        settings fill in what is not given.
+      data_profile: The data's `recipes.DataProfile`; presets derived from
+        the data (`recipes.needs_data`) need it for their full recipe.
       **overrides: Any other field of `Settings`.
 
     Returns:
@@ -291,35 +312,69 @@ def settings(task: str, *, algorithm: str = methods.FEDRECGEL,
     Raises:
       ValueError: On unknown names, or a radius or setting the method fixes
         given another value.
-      DataError: For an unknown task.
+      DataError: For an unknown task or an unreadable preset file.
     """
     spec = tasks.get_task(task)
     method = methods.get_method(algorithm)
-    given = {'client_fraction': client_fraction, 'total_rounds': total_rounds}
-    for name, value in spec.preset(preset).items():
-        if name in given and given[name] is None:
-            given[name] = value
-        elif name not in given:
-            overrides.setdefault(name, value)
-    total_rounds, client_fraction = given['total_rounds'], given['client_fraction']
+    preset = spec.default_preset if preset is None else preset
+    from_preset = spec.preset(preset, data_profile)
+    refused = sorted(set(from_preset) & set(_NOT_PRESETTABLE))
+    if refused:
+        raise ValueError(f'preset {preset} may not set {", ".join(refused)}')
     for name, given, fixed in (('rho_sh', rho_sh, method.rho_sh),
                                ('rho_ns', rho_ns, method.rho_ns)):
         if given is not None and fixed is not None and given != fixed:
             raise SettingError(name, f'must be {fixed} for {algorithm} (or left out)', given)
-    radii = method.radii(spec.rho_sh if rho_sh is None else rho_sh,
-                         spec.rho_ns if rho_ns is None else rho_ns)
+    explicit = {'client_fraction': client_fraction, 'total_rounds': total_rounds,
+                'rho_sh': rho_sh, 'rho_ns': rho_ns}
+    fallback = {'client_fraction': spec.client_fraction, 'total_rounds': spec.total_rounds,
+                'rho_sh': spec.rho_sh, 'rho_ns': spec.rho_ns}
+    chosen = {name: (value if value is not None else from_preset.get(name, fallback[name]))
+              for name, value in explicit.items()}
+    radii = method.radii(chosen['rho_sh'], chosen['rho_ns'])
+    preset_rest = {k: v for k, v in from_preset.items() if k not in explicit}
     if method.algorithm == methods.FEDRECON:
         unused = [k for k in (*_FEDRECON_UNUSED, *_FEDRECON_FIXED) if k in overrides]
         if unused:
             raise ValueError(f'fedrecon does not take {", ".join(unused)} (TFF\'s '
                              'FedRecon: mean loss, no user state)')
+        # What a preset says of them does not apply to FedRecon either.
+        preset_rest = {k: v for k, v in preset_rest.items()
+                       if k not in (*_FEDRECON_UNUSED, *_FEDRECON_FIXED)}
         overrides = {**overrides, **_FEDRECON_FIXED}
+    overrides = {**preset_rest, **overrides}
     try:
         return Settings(
             task=spec.name, algorithm=algorithm, preset=preset, rho_sh=radii[0], rho_ns=radii[1],
-            total_rounds=spec.total_rounds if total_rounds is None else total_rounds,
-            client_fraction=(spec.client_fraction if client_fraction is None
-                             else client_fraction), **overrides)
+            total_rounds=chosen['total_rounds'], client_fraction=chosen['client_fraction'],
+            **overrides)
     except TypeError as e:
         raise ValueError(f'unknown setting: {e}') from None
 
+
+
+def preset_banner(run: Settings, data_profile: recipes.DataProfile | None) -> str:
+    """One line saying which preset a run uses and every setting it changed.
+
+    Args:
+      run: The run's settings.
+      data_profile: The data's profile (as given to `settings`).
+    """
+    spec = tasks.get_task(run.task)
+    if run.preset == recipes.PAPER:
+        return ('preset paper: the paper\'s protocol, which ranks near item popularity '
+                '(docs/RESULTS.md); --preset=auto learns')
+    fallback = {'client_fraction': spec.client_fraction, 'total_rounds': spec.total_rounds,
+                'rho_sh': spec.rho_sh, 'rho_ns': spec.rho_ns}
+    changed = []
+    for name, value in spec.preset(run.preset, data_profile).items():
+        before = fallback[name] if name in fallback else default(name)
+        if getattr(run, name, None) == value and value != before:
+            changed.append(f'{name} {before:g} -> {value:g}' if isinstance(value, (int, float))
+                           and not isinstance(value, bool) else f'{name} {before} -> {value}')
+    line = f'preset {run.preset}: ' + (', '.join(changed) or 'changes nothing here')
+    if run.preset == recipes.AUTO and data_profile is not None and 'num_negatives' in line:
+        line += (f' (num_negatives: {recipes.AUTO_NEGATIVES_PER_USER} / '
+                 f'{data_profile.interactions_per_user:.1f} interactions per user, '
+                 f'within {recipes.AUTO_NEGATIVES_RANGE[0]}-{recipes.AUTO_NEGATIVES_RANGE[1]})')
+    return line

@@ -104,6 +104,15 @@ class EvaluationPlan:
                 out.append(('valid' + suffix, protocol, 'valid' + suffix))
         return out
 
+    @property
+    def served_selection(self) -> str | None:
+        """The selection whose round a run keeps and serves: chosen on the
+        validation item, under full ranking when it is evaluated (the
+        protocol to trust); None without a validation item."""
+        if not self.validation:
+            return None
+        return 'valid_full' if 'full' in self.protocols else 'valid'
+
     def _recorded(self, protocol: str) -> list[str]:
         """The `group/metric` keys a selection of `protocol` records."""
         groups = [g.name for g in self.groups(protocol) if g.which == 'test']
@@ -143,6 +152,21 @@ class EvaluationPlan:
                 tags += [f'{group.name}/hr@10', f'{group.name}/ndcg@10']
         return tags + ['train/loss']
 
+    def headline(self, best: Mapping) -> dict[str, Any]:
+        """The figure a run reports first: the test metrics at the round
+        chosen on the validation item (the served one), or without one, at
+        the best test round, labelled as the paper's test-selected figure."""
+        name = self.served_selection or self.selections()[0][0]
+        protocol = 'full' if name.endswith('_full') else 'sampled'
+        record = best[name]
+        suffix = _SUFFIX[protocol]
+        label = ('chosen on the validation item' if self.served_selection
+                 else 'chosen on the test item (the paper\'s test-selected figure)')
+        return {'selection': name, 'protocol': protocol, 'round': int(record['round']),
+                'chosen': label,
+                **{f'test{suffix}/{m}': float(record[f'test{suffix}/{m}'])
+                   for m in ('hr@10', 'ndcg@10')}}
+
     def summary(self, best: Mapping) -> dict[str, Any]:
         """The selections' fields of the run summary.
 
@@ -151,7 +175,7 @@ class EvaluationPlan:
         `best_valid_test_hr@10`, ...); every selection is also under
         `selections` with all the metrics it recorded.
         """
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {'headline': self.headline(best)}
         selections = {}
         for name, protocol, _ in self.selections():
             record = best[name]

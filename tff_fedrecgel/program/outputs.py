@@ -6,6 +6,7 @@
   metrics.csv         one row per round, rewritten whole after each round
   tensorboard/        scalars, hparams and the item-embedding projector
   checkpoints/        TFF FileProgramStateManager program states
+    selected/         the state of the round chosen on the validation item
   summary.json        the final summary (also the last printed line)
 
 One run at a time: `lock_experiment` takes an exclusive `fcntl.flock` on
@@ -30,7 +31,7 @@ from typing import Any
 # Settings that may change between a run and its resumption.
 RESUMABLE_CHANGES = frozenset(
     {'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint', 'progress',
-     'simulation', 'max_group_examples'}
+     'simulation', 'max_group_examples', 'early_stopping_patience'}
 )
 
 
@@ -55,6 +56,11 @@ class ExperimentPaths:
     @property
     def checkpoints(self) -> pathlib.Path:
         return self.root / 'checkpoints'
+
+    @property
+    def selected(self) -> pathlib.Path:
+        """The state of the validation-selected round (what is served)."""
+        return self.checkpoints / 'selected'
 
     @property
     def summary(self) -> pathlib.Path:

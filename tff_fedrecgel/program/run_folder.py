@@ -21,9 +21,15 @@ from typing import Any
 from tff_fedrecgel.errors import DataError
 from tff_fedrecgel.program.outputs import ExperimentPaths
 
-# The training program's checkpoint folders (`training_program._Checkpoints`).
+# The training program's checkpoint folders (`training_program._Checkpoints`)
+# and the validation-selected round's (`selected_state.SelectedState`).
 CHECKPOINT_PREFIX = 'program_state_'
+SELECTED_PREFIX = 'selected_state_'
 _CHECKPOINT = re.compile(re.escape(CHECKPOINT_PREFIX) + r'(\d+)')
+_SELECTED = re.compile(re.escape(SELECTED_PREFIX) + r'(\d+)')
+# Which state a served model comes from.
+SELECTED, LATEST = 'selected', 'latest'
+CHECKPOINT_CHOICES = (SELECTED, LATEST)
 
 
 class RunFolderError(DataError):
@@ -73,6 +79,19 @@ def checkpoint_rounds(run_dir: str | os.PathLike) -> list[int]:
     return sorted(r for r in rounds if (folder / f'{CHECKPOINT_PREFIX}{r}').is_dir())
 
 
+def selected_round(run_dir: str | os.PathLike) -> int | None:
+    """The round of the kept validation-selected state, or None (a run
+    without a validation item keeps none)."""
+    folder = run_paths(run_dir).selected
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return None
+    rounds = [int(m.group(1)) for m in map(_SELECTED.fullmatch, names) if m
+              and (folder / m.group(0)).is_dir()]
+    return max(rounds) if rounds else None
+
+
 def check_has_checkpoint(run_dir: str | os.PathLike) -> int:
     """The latest checkpoint's round.
 
@@ -96,16 +115,20 @@ def _read_state(path: pathlib.Path) -> Any:
         lambda v: v.numpy() if isinstance(v, (tf.Tensor, tf.Variable)) else v, state)
 
 
-def load_checkpoint(run_dir: str | os.PathLike, *, round_num: int | None = None
-                    ) -> tuple[int, dict[str, Any]]:
+def load_checkpoint(run_dir: str | os.PathLike, *, round_num: int | None = None,
+                    checkpoint: str = LATEST) -> tuple[int, dict[str, Any]]:
     """A checkpoint's program state as nested numpy arrays.
 
-    Without `round_num`, the latest readable checkpoint: an unreadable one (a
-    run killed while writing) is reported on stderr and the one before used.
+    Without `round_num`, the validation-selected state (`checkpoint=
+    'selected'`, where the run kept one) or the latest readable checkpoint:
+    an unreadable one (a run killed while writing) is reported on stderr and
+    the one before used.
 
     Args:
       run_dir: The run folder.
-      round_num: The round of the checkpoint to read (None: the latest).
+      round_num: The round of the checkpoint to read (None: as `checkpoint`).
+      checkpoint: 'selected' (the round chosen on the validation item, else
+        the latest) or 'latest'.
 
     Returns:
       `(round, state)`; `state['simulation']` is what `Simulation.restore`
@@ -115,7 +138,20 @@ def load_checkpoint(run_dir: str | os.PathLike, *, round_num: int | None = None
       RunFolderError: If there is no (readable) checkpoint, or none of
         `round_num`.
     """
+    if checkpoint not in CHECKPOINT_CHOICES:
+        raise RunFolderError(f'checkpoint must be one of {CHECKPOINT_CHOICES}, got '
+                             f'{checkpoint!r}')
     paths = run_paths(run_dir)
+    chosen = selected_round(run_dir) if checkpoint == SELECTED else None
+    if round_num is None and chosen is not None:
+        path = paths.selected / f'{SELECTED_PREFIX}{chosen}'
+        try:
+            return chosen, _read_state(path)
+        except Exception as e:  # pylint: disable=broad-except
+            reason = ' '.join(str(e).split())[:200] or type(e).__name__
+            raise RunFolderError(f'{path}: the selected round\'s state is unreadable '
+                                 f'({reason}); --checkpoint=latest serves the latest '
+                                 'checkpoint') from None
     rounds = checkpoint_rounds(run_dir)
     if round_num is not None:
         if round_num not in rounds:

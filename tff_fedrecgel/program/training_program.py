@@ -50,10 +50,13 @@ import tree
 from tff_fedrecgel import runtime
 from tff_fedrecgel.models import neumf
 from tff_fedrecgel.program import tensorboard_extras
+from tff_fedrecgel.program.evaluation_plan import SELECT_ON
 from tff_fedrecgel.program.evaluation_plan import EvaluationPlan
 from tff_fedrecgel.program.outputs import ExperimentPaths
 from tff_fedrecgel.program.outputs import OutputError
 from tff_fedrecgel.program.outputs import write_atomically
+from tff_fedrecgel.program.selected_state import SelectedState
+from tff_fedrecgel.program.selected_state import evaluations_since
 from tff_fedrecgel.simulation import Simulation
 
 KEY_COLUMN = 'round'
@@ -250,6 +253,7 @@ def run_training(
     on_round_end: Callable[[int, Mapping[str, float]], None] | None = None,
     extra_train_metrics: Callable[[int], Mapping[str, float]] | None = None,
     extra_summary: Callable[[int], Mapping[str, Any]] | None = None,
+    early_stopping_patience: int | None = None,
 ) -> dict[str, Any]:
     """Runs (or resumes) a simulation to `total_rounds`; returns the summary.
 
@@ -275,6 +279,9 @@ def run_training(
       extra_train_metrics: Called with the round number; its values are
         released with that round's `train/` metrics (e.g. `dp_epsilon`).
       extra_summary: Called with the rounds run; its values join the summary.
+      early_stopping_patience: With a validation item, stop once this many
+        evaluations of the served selection's group (`valid_full` under
+        full ranking, else `valid`) have not improved on its best round.
 
     Returns:
       The summary dictionary (also written to `summary.json`).
@@ -291,12 +298,14 @@ def run_training(
         protocol=eval_protocol, rounds_per_eval=rounds_per_eval,
         rounds_per_full_eval=rounds_per_full_eval, validation=validation,
         heldout=len(simulation.heldout_users) > 0)
+    if early_stopping_patience and plan.served_selection is None:
+        raise ValueError('early stopping needs a validation item (validation=True)')
     loop = asyncio.new_event_loop()
     try:
         return _run(
             simulation, loop, paths, total_rounds, plan,
             rounds_per_checkpoint, dict(hparams or {}), progress,
-            on_round_end, extra_train_metrics, extra_summary,
+            on_round_end, extra_train_metrics, extra_summary, early_stopping_patience,
         )
     finally:
         loop.close()
@@ -335,7 +344,8 @@ def _evaluate(simulation, plan: EvaluationPlan, round_num: int, total_rounds: in
 
 
 def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hparams,
-         progress, on_round_end, extra_train_metrics=None, extra_summary=None):
+         progress, on_round_end, extra_train_metrics=None, extra_summary=None,
+         patience=None):
     _prune_temporary_files(paths)
     checkpoints = _Checkpoints(paths, loop)
     simulation.initialize()
@@ -350,6 +360,16 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
         # restores a file deleted or garbled since.
         metrics.write()
     start_round = simulation.round_num + 1
+    served = plan.served_selection
+    selected = SelectedState(paths, loop, served) if served else None
+    since_best = 0
+    if selected is not None:
+        with _writing(f'the selected state in {paths.selected}'):
+            selected.discard_after(simulation.round_num)
+        since_best = evaluations_since(metrics.rows, served, int(best[served]['round']))
+    stopped_early = bool(patience) and since_best >= patience
+    if stopped_early:
+        start_round = total_rounds + 1  # Stopped before; nothing more to run.
     with _writing(f'TensorBoard events in {paths.tensorboard}'):
         paths.tensorboard.mkdir(parents=True, exist_ok=True)
         tb_manager = tensorboard_extras.ScalarReleaseManager(
@@ -377,6 +397,10 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
             if len(released) > 1:
                 best = plan.update_best(best, round_num, released)
                 test_metrics = released.get('test', released.get('test_full'))
+                if selected is not None and served in released:
+                    with _writing(f'the selected state in {paths.selected}'):
+                        chosen = selected.save_if_chosen(simulation, best, round_num)
+                    since_best = 0 if chosen else since_best + 1
                 released['eval_seconds'] = time.perf_counter() - eval_start
                 eval_seconds += released['eval_seconds']
             metrics.add(round_num, released)
@@ -392,8 +416,10 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
                 refresh=False,
             )
             bar.update(1)
+            stopped_early = bool(patience) and since_best >= patience
             checkpoint_due = rounds_per_checkpoint and (
                 round_num % rounds_per_checkpoint == 0 or round_num == total_rounds
+                or stopped_early
             )
             if checkpoint_due:
                 checkpoints.save(
@@ -401,6 +427,11 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
                     round_num,
                 )
                 last_checkpoint = round_num
+            if stopped_early:
+                print(f'early stopping at round {round_num}: {served}/{SELECT_ON} has not '
+                      f'improved for {since_best} evaluations (best round '
+                      f'{int(best[served]["round"])})', flush=True)
+                break
     finally:
         bar.close()
         with contextlib.suppress(Exception):
@@ -418,6 +449,8 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
                 item_tables={'item_gmf': item_gmf} if item_mlp is None else {
                     'item_gmf': item_gmf, 'item_mlp': item_mlp})
     summary = _summary(simulation, plan, best, test_metrics, train_seconds, eval_seconds)
+    if stopped_early:
+        summary['stopped_early'] = {'round': simulation.round_num, 'patience': patience}
     if extra_summary is not None:
         summary.update(extra_summary(simulation.round_num))
     with _writing(str(paths.summary)):

@@ -1,0 +1,96 @@
+"""Presets (`recipes`): the transfer recipe's rule, defaults per task, files."""
+
+import json
+
+import pytest
+
+from tff_fedrecgel import recipes
+from tff_fedrecgel import run_settings
+from tff_fedrecgel.errors import DataError
+
+
+def _profile(users, interactions, items=1000):
+    return recipes.DataProfile(users=users, items=items, interactions=interactions)
+
+
+@pytest.mark.parametrize('users, interactions, negatives', [
+    (1227, 34889, 5),     # FilmTrust: 28.4 interactions per user.
+    (1600, 185650, 4),    # LastFM-2K: 116 per user, at the lower bound.
+    (8072, 63836, 19),    # Amazon-Video: 7.9 per user.
+    (100, 500, 30),       # 5 per user.
+    (100, 100, 32),       # Capped.
+])
+def test_auto_negatives_follow_the_history_length(users, interactions, negatives):
+    assert recipes.auto_negatives(_profile(users, interactions)) == negatives
+
+
+def test_auto_is_the_default_for_own_data_and_paper_for_the_papers_datasets():
+    profile = _profile(100, 1000)
+    own = run_settings.settings('csv', data_dir='x.csv', data_profile=profile)
+    assert own.preset == 'auto'
+    assert (own.server_lr, own.client_fraction, own.num_negatives) == (0.01, 0.2, 15)
+    paper = run_settings.settings('filmtrust', data_profile=profile)
+    assert paper.preset == 'paper'
+    assert (paper.server_lr, paper.client_fraction, paper.num_negatives) == (0.001, 0.1, 4)
+    # Explicit values win; without a profile only the data-independent part.
+    explicit = run_settings.settings('synthetic', num_negatives=9, server_lr=0.002)
+    assert (explicit.server_lr, explicit.client_fraction, explicit.num_negatives) == (
+        0.002, 0.2, 9)
+    assert run_settings.settings('lastfm_2k', preset='auto').client_fraction == 0.2
+
+
+def test_the_banner_names_every_setting_the_preset_changed():
+    profile = _profile(100, 1000)
+    auto = run_settings.settings('synthetic', data_profile=profile, client_fraction=0.5)
+    line = run_settings.preset_banner(auto, profile)
+    assert 'server_lr 0.001 -> 0.01' in line and 'num_negatives 4 -> 15' in line
+    assert 'client_fraction' not in line  # Given explicitly: not the preset's.
+    amazon = run_settings.settings('amazon_video', preset='tuned')
+    line = run_settings.preset_banner(amazon, None)
+    for part in ('update gradient -> model_delta', 'local_epochs 1 -> 5',
+                 'num_negatives 4 -> 32', 'server_lr 0.001 -> 0.003'):
+        assert part in line
+    assert '--preset=auto learns' in run_settings.preset_banner(
+        run_settings.settings('filmtrust'), None)
+
+
+def test_presets_apply_to_every_method():
+    profile = _profile(100, 1000)
+    for method in ('fedncf', 'fedmf', 'itempop', 'central', 'fedrecon'):
+        run_settings.settings('synthetic', algorithm=method, data_profile=profile)
+    # FedRecon drops what it has no use for (Amazon-Video's model_delta).
+    fedrecon = run_settings.settings('amazon_video', algorithm='fedrecon', preset='tuned')
+    assert fedrecon.update == 'gradient' and fedrecon.server_lr == 0.003
+
+
+def test_a_preset_file_fills_in_settings(tmp_path):
+    path = tmp_path / 'best.json'
+    path.write_text(json.dumps({'settings': {'server_lr': 0.02, 'rho_ns': 0.3,
+                                             'total_rounds': 7}}))
+    run = run_settings.settings('synthetic', preset=str(path), total_rounds=9)
+    assert (run.server_lr, run.rho_ns, run.total_rounds, run.preset) == (
+        0.02, 0.3, 9, str(path))
+    fedncf = run_settings.settings('synthetic', algorithm='fedncf', preset=str(path))
+    assert (fedncf.rho_sh, fedncf.rho_ns) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize('content, message', [
+    (None, 'preset file not found'),
+    ('{not json', 'not a readable JSON preset'),
+    ('[1, 2]', 'holds a JSON object'),
+    ('{"task": "csv"}', 'may not set task'),
+    ('{"server_lr": -1}', 'server_lr must be > 0'),
+])
+def test_bad_preset_files_are_refused(tmp_path, content, message):
+    path = tmp_path / 'p.json'
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises((DataError, ValueError), match=message):
+        run_settings.settings('synthetic', preset=str(path))
+
+
+def test_unknown_presets_are_refused():
+    with pytest.raises(DataError, match="unknown preset 'fast'"):
+        run_settings.settings('synthetic', preset='fast')
+    with pytest.raises(run_settings.SettingError, match='preset must be one of'):
+        run_settings.Settings(task='synthetic', preset='fast')

@@ -1,0 +1,153 @@
+"""Presets: named sets of settings that fill in what a run does not set.
+
+* ``paper``: nothing changed, the paper's protocol (docs/ALGORITHM.md).
+* ``tuned``: the task's own settings, chosen on its validation item
+  (`tasks.Task.tuned`); they do not transfer to other data.
+* ``auto``: one recipe chosen for transfer by leave-one-dataset-out
+  (docs/RESULTS.md, "Transfer"), with one setting derived from the data by
+  the rule of `auto_recipe`.
+* a path to a ``.json`` file: the settings a tuner (or a person) wrote.
+
+Imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+from tff_fedrecgel.errors import DataError
+
+PAPER, TUNED, AUTO = 'paper', 'tuned', 'auto'
+PRESETS = (PAPER, TUNED, AUTO)
+
+# The auto recipe (docs/RESULTS.md, "Transfer"): a server Adam ten times the
+# paper's rate and twice its cohort carry over between datasets; the number
+# of training negatives follows the data, so that each user draws about
+# `AUTO_NEGATIVES_PER_USER` negatives per round whatever its history length.
+AUTO_FIXED = {'server_lr': 0.01, 'client_fraction': 0.2}
+AUTO_NEGATIVES_PER_USER = 150
+AUTO_NEGATIVES_RANGE = (4, 32)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataProfile:
+    """What a data-dependent preset may read of the data.
+
+    Attributes:
+      users: Users kept by the split.
+      items: Items of the catalog.
+      interactions: Interactions kept (training, validation and test).
+    """
+
+    users: int
+    items: int
+    interactions: int
+
+    @classmethod
+    def of(cls, split) -> 'DataProfile':
+        """The profile of a `data.Split`."""
+        stats = split.summary()
+        return cls(users=stats['users'], items=stats['items'],
+                   interactions=stats['interactions'])
+
+    @property
+    def interactions_per_user(self) -> float:
+        return self.interactions / max(1, self.users)
+
+
+def auto_negatives(profile: DataProfile) -> int:
+    """Training negatives per positive under ``auto``:
+    ``round(AUTO_NEGATIVES_PER_USER / interactions per user)``, clipped to
+    `AUTO_NEGATIVES_RANGE`."""
+    low, high = AUTO_NEGATIVES_RANGE
+    wanted = math.floor(AUTO_NEGATIVES_PER_USER / profile.interactions_per_user + 0.5)
+    return int(min(high, max(low, wanted)))
+
+
+def auto_recipe(profile: DataProfile | None) -> dict[str, Any]:
+    """The ``auto`` preset's settings for data of this profile.
+
+    Args:
+      profile: The data's profile; None gives the data-independent part
+        only (for checking flags before the data is read).
+
+    Returns:
+      Settings by their command-line names.
+    """
+    recipe = dict(AUTO_FIXED)
+    if profile is not None:
+        recipe['num_negatives'] = auto_negatives(profile)
+    return recipe
+
+
+def is_preset_file(name: str) -> bool:
+    """Whether `name` names a preset file rather than a built-in preset."""
+    return isinstance(name, str) and name.endswith('.json')
+
+
+def read_preset_file(path: str) -> dict[str, Any]:
+    """The settings of a preset file: a JSON object, or one holding them
+    under ``"settings"`` (as `launch/tune.py` writes).
+
+    Raises:
+      DataError: If the file is missing or not such an object.
+    """
+    try:
+        with open(path, encoding='utf-8') as f:
+            content = json.load(f)
+    except FileNotFoundError:
+        raise DataError(f'{path}: preset file not found') from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f'{path}: not a readable JSON preset ({e})') from None
+    if isinstance(content, Mapping) and isinstance(content.get('settings'), Mapping):
+        content = content['settings']
+    if not isinstance(content, Mapping) or not all(isinstance(k, str) for k in content):
+        raise DataError(f'{path}: a preset file holds a JSON object of settings')
+    return dict(content)
+
+
+def check_preset_name(name: Any) -> None:
+    """Refuses a preset that is neither built in nor a ``.json`` file.
+
+    Raises:
+      DataError: If it is neither.
+    """
+    if name in PRESETS or is_preset_file(name):
+        return
+    raise DataError(f'unknown preset {name!r}; choose one of {", ".join(PRESETS)} '
+                    'or a .json preset file')
+
+
+def preset_values(name: str, tuned: Mapping[str, Any],
+                  profile: DataProfile | None) -> dict[str, Any]:
+    """The settings a preset fills in.
+
+    Args:
+      name: A name of `PRESETS` or a ``.json`` path.
+      tuned: The task's ``tuned`` settings.
+      profile: The data's profile (``auto`` derives a setting from it).
+
+    Returns:
+      Settings by their command-line names.
+
+    Raises:
+      DataError: For an unknown preset or an unreadable preset file.
+    """
+    check_preset_name(name)
+    if name == PAPER:
+        return {}
+    if name == TUNED:
+        return dict(tuned)
+    if name == AUTO:
+        return auto_recipe(profile)
+    return read_preset_file(os.path.expanduser(name))
+
+
+def needs_data(name: str) -> bool:
+    """Whether the preset derives settings from the data."""
+    return name == AUTO
