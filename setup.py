@@ -32,6 +32,7 @@ setuptools.setup(
         'dp-accounting==0.4.3',
         'grpcio>=1.46',
         'numpy>=1.25,<2',
+        'optuna>=4,<6',
         'pandas>=2.1,<2.3',
         'tensorboard>=2.14,<2.15',
         'tensorflow>=2.14,<2.15',

@@ -282,7 +282,7 @@ _FEDRECON_UNUSED = ('update', 'local_epochs', 'client_lr', 'client_weighting',
 
 
 # Settings a preset file may not set: they name the run, not its recipe.
-_NOT_PRESETTABLE = ('task', 'algorithm', 'data_dir', 'data_options', 'preset')
+NOT_PRESETTABLE = ('task', 'algorithm', 'data_dir', 'data_options', 'preset')
 
 
 def settings(task: str, *, algorithm: str = methods.FEDRECGEL,
@@ -318,7 +318,7 @@ def settings(task: str, *, algorithm: str = methods.FEDRECGEL,
     method = methods.get_method(algorithm)
     preset = spec.default_preset if preset is None else preset
     from_preset = spec.preset(preset, data_profile)
-    refused = sorted(set(from_preset) & set(_NOT_PRESETTABLE))
+    refused = sorted(set(from_preset) & set(NOT_PRESETTABLE))
     if refused:
         raise ValueError(f'preset {preset} may not set {", ".join(refused)}')
     for name, given, fixed in (('rho_sh', rho_sh, method.rho_sh),

@@ -1,0 +1,143 @@
+r"""Searches a method's settings on the validation item (Optuna), federated.
+
+Examples (from the repository root)::
+
+    .venv/bin/python launch/tune.py --task=csv --data_dir=ratings.csv --trials=20
+    .venv/bin/python launch/tune.py --task=lastfm_2k \
+        --data_dir=/path/to/lastfm_2k --trials=30 --max_minutes=60
+    .venv/bin/python launch/train.py --task=csv --data_dir=ratings.csv \
+        --preset=runs/tune_csv_fedrecgel/best_preset.json
+
+Every trial is a run folder under <root_output_dir>/trials/ (one TensorBoard
+logdir compares them all in the HParams dashboard); the study is kept in
+<root_output_dir>/study.db, so the same command resumes a search that was
+stopped or killed. Settings given as flags are fixed for every trial and
+left out of the search; `--space` narrows it further. The best trial's
+settings are written to <root_output_dir>/best_preset.json, which
+`launch/train.py --preset=PATH` and the API's `preset=PATH` accept. The last
+printed line is the search's record as one JSON object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+if __package__ in (None, ''):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from launch import _entry
+
+_entry.setup_environment()
+
+from absl import flags
+
+from launch import _algorithm_flags as algo
+from launch import _data_flags
+from tff_fedrecgel import methods
+from tff_fedrecgel import run_settings
+from tff_fedrecgel.errors import DataError
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+flags.adopt_module_key_flags(algo)
+flags.adopt_module_key_flags(_data_flags)
+
+_TRIALS = flags.DEFINE_integer('trials', 20, 'Finished trials to reach (a resumed '
+                               'search counts the earlier ones).')
+_MAX_MINUTES = flags.DEFINE_float('max_minutes', None,
+                                  'Wall-clock budget of this call, in minutes.')
+_OBJECTIVE = flags.DEFINE_string(
+    'objective', 'valid_full/ndcg@10',
+    'Validation metric to maximize: valid_full/<metric> (full ranking) or '
+    'valid/<metric> (sampled), e.g. valid/hr@10.')
+_SPACE = flags.DEFINE_list(
+    'space', None, 'Search only these settings (default: every dimension of '
+    'tff_fedrecgel.tuning.SEARCH_SPACE the method can use).')
+_TOTAL_ROUNDS = flags.DEFINE_integer(
+    'total_rounds', None, 'Rounds of every trial (default: the task\'s).')
+_ROUNDS_PER_FULL_EVAL = flags.DEFINE_integer(
+    'rounds_per_full_eval', None, 'Full-ranking evaluation every this many rounds '
+    '(default: every round).')
+_ROOT_OUTPUT_DIR = flags.DEFINE_string(
+    'root_output_dir', None, 'The tuning folder (default: runs/tune_<task>_<algorithm>).')
+
+# Settings a search never takes from the flags: they are the search's own.
+_FIXED_BY_THE_SEARCH = ('validation', 'eval_protocol', 'preset')
+
+
+def _fixed_settings(task) -> dict:
+    """Settings flags given on the command line: fixed for every trial."""
+    fixed = {}
+    for field in dataclasses.fields(run_settings.Settings):
+        name = field.name
+        if name in flags.FLAGS and flags.FLAGS[name].present and name not in (
+                'task', 'algorithm', 'data_dir', 'seed', *_FIXED_BY_THE_SEARCH):
+            fixed[name] = flags.FLAGS[name].value
+    if _TOTAL_ROUNDS.value is not None:
+        fixed['total_rounds'] = _TOTAL_ROUNDS.value
+    if _ROUNDS_PER_FULL_EVAL.value is not None:
+        fixed['rounds_per_full_eval'] = _ROUNDS_PER_FULL_EVAL.value
+    fixed['data_dir'] = _data_flags.DATA_DIR.value
+    fixed['data_options'] = _data_flags.task_options(task)
+    return fixed
+
+
+def main(argv: list[str]) -> int:
+    """Entry point."""
+    del argv
+    task = algo.selected_task()
+    given = [f'--{n}' for n in _FIXED_BY_THE_SEARCH if n in flags.FLAGS and flags.FLAGS[n].present]
+    if given:
+        raise DataError(f'a search sets {", ".join(given)} itself (trials train on '
+                        'the validation item); drop them')
+    method = methods.get_method(algo.ALGORITHM.value)
+    if method.algorithm != methods.FEDRECGEL:
+        raise DataError(f'--algorithm={method.name}: the search covers the FedRecGEL '
+                        'family (fedrecgel, fedncf, sam_global, sam_local, fedmf)')
+    fixed = _fixed_settings(task)
+    # Every fixed value is checked now, before anything is written.
+    run_settings.settings(task.name, algorithm=method.name, preset='paper',
+                          validation=True, **fixed)
+    from tff_fedrecgel import tuning  # pylint: disable=g-import-not-at-top
+
+    space = [d for d in tuning.search_space(_SPACE.value) if d.name not in fixed]
+    config = tuning.TuneConfig(
+        task=task.name, algorithm=method.name, trials=_TRIALS.value,
+        max_minutes=_MAX_MINUTES.value, objective=_OBJECTIVE.value, space=tuple(space),
+        seed=algo.SEED.value, base={k: v for k, v in fixed.items()})
+    root = _ROOT_OUTPUT_DIR.value or os.path.join('runs', f'tune_{task.name}_{method.name}')
+    split = task.load_split(data_dir=fixed['data_dir'], validation=True,
+                            **fixed['data_options'])
+
+    from tff_fedrecgel import api  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
+
+    root_dir = os.path.abspath(root)
+    with program.lock_experiment(root_output_dir=os.path.dirname(root_dir),
+                                 experiment_name=os.path.basename(root_dir)):
+        print(f'{task.name}: tuning {method.name} on {config.objective}, '
+              f'{config.trials} trials, dimensions: '
+              f'{", ".join(d.name for d in space) or "none"}; folder {root_dir}', flush=True)
+
+        def trial_line(record):
+            print(f'trial {record["trial"]}: {record["state"]}, {config.objective} '
+                  f'{record["value"]:.4f} in {record["wall_seconds"]:.0f} s, '
+                  f'{json.dumps(record["settings"])}', flush=True)
+
+        with api.Session():
+            record = tuning.run_search(config, root=root_dir, split=split,
+                                       make_experiment=api.experiment,
+                                       on_trial_end=trial_line)
+    if 'best_trial' in record:
+        print(f'best: trial {record["best_trial"]}, {config.objective} '
+              f'{record["best_value"]:.4f}; preset: {record["preset_file"]}', flush=True)
+    print(json.dumps(record), flush=True)
+    return 0
+
+
+if __name__ == '__main__':
+    _entry.register_tff_shutdown()
+    _entry.run_main(main, interrupted_hint='run the same command to resume the search')

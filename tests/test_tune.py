@@ -1,0 +1,100 @@
+"""launch/tune.py: a search that resumes after SIGKILL and writes a preset
+that launch/train.py reproduces."""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from tests.test_train_program import REPO
+from tests.test_train_program import _run
+from tests.test_train_program import _summary
+from tff_fedrecgel import tuning
+from tff_fedrecgel.errors import DataError
+
+TUNE = os.path.join(REPO, 'launch', 'tune.py')
+DATA = ['--task=synthetic', '--num_users=80', '--num_items=400']
+SEARCH = [*DATA, '--total_rounds=2', '--space=server_lr,num_negatives', '--seed=0']
+
+
+def _tune(args, timeout=600):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+    return subprocess.run([sys.executable, TUNE, *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_search_resumes_after_sigkill_and_its_preset_reproduces(tmp_path):
+    root = tmp_path / 'search'
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+    log = tmp_path / 'first.txt'
+    with open(log, 'w') as out:
+        proc = subprocess.Popen([sys.executable, TUNE, *SEARCH, '--trials=5',
+                                 f'--root_output_dir={root}'], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while 'trial 0: complete' not in log.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.5)
+        assert 'trial 0: complete' in log.read_text(), log.read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # The same command resumes: trial 0 is kept, the one cut short is run again.
+    result = _tune([*SEARCH, '--trials=3', f'--root_output_dir={root}'])
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert record['finished_trials'] == 3
+    assert all(t['trial'] > 0 for t in record['trials_this_call'])
+    preset = json.loads((root / tuning.BEST_PRESET).read_text())
+    assert set(preset['settings']) == {'total_rounds', 'server_lr', 'num_negatives'}
+    # The best trial's folder is an ordinary run; train.py with the preset
+    # reproduces its validation metric exactly.
+    best_rows = pd.read_csv(os.path.join(preset['run_dir'], 'metrics.csv'))
+    code, output = _run([*DATA, f'--preset={root / tuning.BEST_PRESET}', '--validation',
+                         '--eval_protocol=both', '--progress=false',
+                         f'--root_output_dir={tmp_path}', '--experiment_name=again'],
+                        tmp_path)
+    assert code == 0, output
+    assert f'preset {root / tuning.BEST_PRESET}:' in output
+    again = pd.read_csv(tmp_path / 'again' / 'metrics.csv')
+    assert again['valid_full/ndcg@10'].max() == pytest.approx(preset['value'], abs=1e-12)
+    assert list(again['valid_full/ndcg@10']) == pytest.approx(
+        list(best_rows['valid_full/ndcg@10']), abs=1e-12)
+    assert _summary(output)['rounds'] == 2
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--validation'], 'a search sets --validation itself'),
+    (['--algorithm=itempop'], 'the search covers the FedRecGEL family'),
+    (['--space=warp_speed'], 'unknown search dimension'),
+    (['--objective=test/hr@10'], 'objective must be a validation metric'),
+    (['--server_lr=-1'], 'server_lr must be > 0'),
+])
+def test_bad_searches_are_refused_and_write_nothing(tmp_path, args, message):
+    root = tmp_path / 'search'
+    result = _tune([*DATA, *args, f'--root_output_dir={root}'], timeout=300)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert result.stderr.count('\n') == 1 and not root.exists()
+
+
+def test_the_space_leaves_out_what_a_method_cannot_use():
+    import optuna
+
+    trial = optuna.trial.FixedTrial({'update': 'gradient', 'server_lr': 0.01,
+                                     'rho_sh': 0.1, 'rho_ns': 0.1})
+    space = tuning.search_space(['update', 'local_epochs', 'server_lr', 'rho_sh', 'rho_ns'])
+    assert tuning.suggest_settings(trial, space, 'fedncf') == {
+        'update': 'gradient', 'server_lr': 0.01}
+    assert tuning.suggest_settings(trial, space, 'sam_local') == {
+        'update': 'gradient', 'server_lr': 0.01, 'rho_ns': 0.1}
+    with pytest.raises(DataError, match='objective'):
+        tuning.TuneConfig(task='synthetic', objective='valid_full')

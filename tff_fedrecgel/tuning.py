@@ -1,0 +1,285 @@
+"""A federated hyperparameter search on the validation item, with Optuna.
+
+Each trial is an ordinary run folder (`<root>/trials/trial_NNN`) trained
+through the Python API in this process: one TFF runtime and one loaded split
+serve every trial, so a trial costs its rounds and its tracing, not a
+process start. Trials report their validation metric at every evaluation;
+Optuna's TPE sampler proposes the next settings and its median pruner stops
+trials that fall behind. The study lives in `<root>/study.db` (SQLite), so a
+search that was killed resumes where it was; trials it left unfinished are
+marked failed and run again under new numbers.
+
+Why Optuna and not the google-vizier that TFF installs: Optuna's TPE and
+pruning on intermediate values are what a search of minutes-long trials
+needs, its SQLite study resumes after SIGKILL without a server, and its
+API is a few calls; Vizier's open-source service needs a server process and
+offers no pruning of running trials.
+
+The test item is never looked at by the search: trials are ranked on the
+validation item (`objective`, default `valid_full/ndcg@10`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+import dataclasses
+import json
+import os
+import pathlib
+import time
+from typing import Any
+
+import optuna
+
+from tff_fedrecgel import methods
+from tff_fedrecgel import recipes
+from tff_fedrecgel import run_settings
+from tff_fedrecgel.data.preprocess import Split
+from tff_fedrecgel.errors import DataError
+
+STUDY_FILE = 'study.db'
+STUDY_NAME = 'tune'
+BEST_PRESET = 'best_preset.json'
+DEFAULT_OBJECTIVE = 'valid_full/ndcg@10'
+UPDATE_MODES = ('gradient', 'model_delta')
+
+
+@dataclasses.dataclass(frozen=True)
+class Dimension:
+    """One searched setting (a `run_settings.Settings` field).
+
+    Attributes:
+      name: The setting.
+      low, high: The range of a number (searched on a log scale if `log`).
+      choices: The choices of a categorical setting.
+      integer: Whether the number is an integer.
+      log: Search the range on a log scale.
+      needs_sam: Only for methods with a free SAM radius.
+      needs_model_delta: Only when `update` is 'model_delta'.
+    """
+
+    name: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[Any, ...] | None = None
+    integer: bool = False
+    log: bool = False
+    needs_sam: bool = False
+    needs_model_delta: bool = False
+
+    def suggest(self, trial: optuna.Trial) -> Any:
+        if self.choices is not None:
+            return trial.suggest_categorical(self.name, list(self.choices))
+        if self.integer:
+            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
+        return trial.suggest_float(self.name, self.low, self.high, log=self.log)
+
+
+# The default search space: the levers that moved the validation metric in
+# the project's studies (docs/RESULTS.md).
+SEARCH_SPACE = (
+    Dimension('server_optimizer', choices=methods.SERVER_OPTIMIZERS[:4]),
+    Dimension('server_lr', 1e-4, 0.1, log=True),
+    Dimension('client_fraction', 0.05, 0.5, log=True),
+    Dimension('update', choices=UPDATE_MODES),
+    Dimension('local_epochs', 1, 10, integer=True, needs_model_delta=True),
+    Dimension('client_lr', 1e-3, 0.3, log=True, needs_model_delta=True),
+    Dimension('num_negatives', 1, 32, integer=True, log=True),
+    Dimension('local_lr', 0.01, 1.0, log=True),
+    Dimension('rho_sh', 1e-3, 0.5, log=True, needs_sam=True),
+    Dimension('rho_ns', 1e-3, 0.5, log=True, needs_sam=True),
+)
+SPACE_NAMES = tuple(d.name for d in SEARCH_SPACE)
+
+
+def search_space(names: Sequence[str] | None = None) -> tuple[Dimension, ...]:
+    """The default space, or the part of it named by `names`.
+
+    Raises:
+      DataError: For a name outside the default space.
+    """
+    if not names:
+        return SEARCH_SPACE
+    unknown = sorted(set(names) - set(SPACE_NAMES))
+    if unknown:
+        raise DataError(f'unknown search dimension(s) {", ".join(unknown)}; choose from '
+                        f'{", ".join(SPACE_NAMES)}')
+    return tuple(d for d in SEARCH_SPACE if d.name in names)
+
+
+def suggest_settings(trial: optuna.Trial, space: Sequence[Dimension],
+                     algorithm: str) -> dict[str, Any]:
+    """The settings a trial tries (what the method cannot use is not asked)."""
+    method = methods.get_method(algorithm)
+    has_sam = method.rho_sh is None or method.rho_ns is None
+    values: dict[str, Any] = {}
+    for dim in space:
+        if dim.needs_sam and not has_sam:
+            continue
+        if dim.needs_sam and getattr(method, dim.name) is not None:
+            continue  # This method fixes this radius.
+        if dim.needs_model_delta and values.get('update', 'gradient') != 'model_delta':
+            continue
+        values[dim.name] = dim.suggest(trial)
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneConfig:
+    """What a search runs.
+
+    Attributes:
+      task: The task name.
+      algorithm: The method tuned.
+      trials: Finished (completed or pruned) trials to reach.
+      max_minutes: Wall-clock budget of this call (None: no limit).
+      objective: The validation metric maximized (`valid_full/...` or
+        `valid/...`).
+      space: The searched dimensions.
+      seed: Seed of the sampler and of every trial's run.
+      base: Settings every trial shares (e.g. `total_rounds`, data options).
+    """
+
+    task: str
+    algorithm: str = methods.FEDRECGEL
+    trials: int = 20
+    max_minutes: float | None = None
+    objective: str = DEFAULT_OBJECTIVE
+    space: tuple[Dimension, ...] = SEARCH_SPACE
+    seed: int = 0
+    base: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        group, _, metric = self.objective.partition('/')
+        if group not in ('valid', 'valid_full') or not metric:
+            raise DataError(f'objective must be a validation metric (valid/... or '
+                            f'valid_full/...), got {self.objective!r}')
+        if self.trials < 1:
+            raise DataError(f'trials must be >= 1, got {self.trials}')
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise DataError(f'max_minutes must be > 0, got {self.max_minutes}')
+
+    @property
+    def eval_protocol(self) -> str:
+        return 'both' if self.objective.startswith('valid_full/') else 'sampled'
+
+
+def _open_study(root: pathlib.Path, seed: int) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name=STUDY_NAME, storage=f'sqlite:///{root / STUDY_FILE}',
+        direction='maximize', load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=5),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0))
+    for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        # Left running by a search that was killed: run again under a new number.
+        study.tell(stale.number, state=optuna.trial.TrialState.FAIL)
+    return study
+
+
+def _finished(study: optuna.Study) -> int:
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    return len(study.get_trials(deepcopy=False, states=states))
+
+
+def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
+               make_experiment: Callable[..., Any],
+               on_trial_end: Callable[[dict[str, Any]], None] | None = None
+               ) -> dict[str, Any]:
+    """Runs (or resumes) the search to `config.trials` finished trials.
+
+    Args:
+      config: The search.
+      root: The tuning folder (the study, `trials/`, `best_preset.json`).
+      split: The loaded split (with a validation item), shared by every trial.
+      make_experiment: `api.experiment`, or a stand-in with its signature.
+      on_trial_end: Called with each finished trial's record.
+
+    Returns:
+      The search's record: the best trial, its settings, trials run and
+      their timing.
+
+    Raises:
+      DataError: If the split has no validation item.
+    """
+    if split.valid_items is None:
+        raise DataError('the search ranks trials on the validation item: load the split '
+                        'with validation')
+    root = pathlib.Path(root)
+    (root / 'trials').mkdir(parents=True, exist_ok=True)
+    study = _open_study(root, config.seed)
+    deadline = None if config.max_minutes is None else time.monotonic() + 60 * config.max_minutes
+    group, _, metric = config.objective.partition('/')
+    timings = []
+
+    def objective(trial: optuna.Trial) -> float:
+        values = suggest_settings(trial, config.space, config.algorithm)
+        run_dir = root / 'trials' / f'trial_{trial.number:03d}'
+        start = time.perf_counter()
+        best = [-1.0]
+
+        def report(round_num, released):
+            if group in released:
+                value = float(released[group][metric])
+                best[0] = max(best[0], value)
+                trial.report(value, step=round_num)
+                if trial.should_prune():
+                    raise optuna.TrialPruned()
+
+        experiment = make_experiment(
+            config.task, run_dir=run_dir, split=split, algorithm=config.algorithm,
+            preset=recipes.PAPER, validation=True, eval_protocol=config.eval_protocol,
+            seed=config.seed, **{**config.base, **values})
+        state = 'complete'
+        try:
+            summary = experiment.train(on_round_end=report)
+        except optuna.TrialPruned:
+            state, summary = 'pruned', None
+            raise
+        finally:
+            wall = time.perf_counter() - start
+            rounds_seconds = (summary['seconds_per_round'] * summary['rounds']
+                              if summary else None)
+            record = {'trial': trial.number, 'state': state, 'settings': values,
+                      'value': best[0], 'wall_seconds': round(wall, 1),
+                      'overhead_seconds': (round(wall - rounds_seconds, 1)
+                                           if rounds_seconds is not None else None),
+                      'run_dir': str(run_dir)}
+            timings.append(record)
+            if on_trial_end is not None:
+                on_trial_end(record)
+        return best[0]
+
+    while _finished(study) < config.trials:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            break
+        study.optimize(objective, n_trials=1, timeout=left,
+                       catch=(), gc_after_trial=True)
+    return _write_best(study, config, root, timings)
+
+
+def _write_best(study: optuna.Study, config: TuneConfig, root: pathlib.Path,
+                timings: list[dict[str, Any]]) -> dict[str, Any]:
+    completed = study.get_trials(deepcopy=False,
+                                 states=(optuna.trial.TrialState.COMPLETE,))
+    record: dict[str, Any] = {
+        'task': config.task, 'algorithm': config.algorithm, 'objective': config.objective,
+        'finished_trials': _finished(study), 'completed_trials': len(completed),
+        'trials_this_call': timings,
+    }
+    if not completed:
+        return record
+    best = max(completed, key=lambda t: t.value)
+    settings = {**{k: v for k, v in config.base.items()
+                   if k not in run_settings.NOT_PRESETTABLE}, **best.params}
+    preset = {'settings': settings, 'objective': config.objective, 'value': best.value,
+              'trial': best.number, 'task': config.task, 'algorithm': config.algorithm,
+              'run_dir': str(root / 'trials' / f'trial_{best.number:03d}')}
+    path = root / BEST_PRESET
+    tmp = path.with_suffix('.json.tmp')
+    tmp.write_text(json.dumps(preset, indent=2) + '\n')
+    os.replace(tmp, path)
+    record.update(best_trial=best.number, best_value=best.value, best_settings=settings,
+                  preset_file=str(path), best_run_dir=preset['run_dir'])
+    return record
