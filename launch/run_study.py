@@ -47,6 +47,8 @@ _entry.setup_environment()
 from absl import flags
 
 from launch import study
+from launch import transfer_study
+from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -66,16 +68,26 @@ _ONLY = flags.DEFINE_string(
     'only', None, 'Run just the runs whose name contains this text.')
 _LIST = flags.DEFINE_bool('list', False, 'Print the plan and exit.')
 _PLAN = flags.DEFINE_enum(
-    'plan', 'paper', ['paper', 'recipe'],
+    'plan', 'paper', ['paper', 'recipe', 'transfer'],
     'paper: the reproduction of the paper (SPEC.md\'s protocol, every method); '
     'recipe: the popularity floor, the central ceiling and the tuned recipe, '
-    'with a validation item, 10% held-out users and both protocols.')
+    'with a validation item, 10% held-out users and both protocols; transfer: '
+    'candidate recipes on every dataset and a generated log, for the choice of '
+    '--preset=auto by leaving one dataset out (launch/transfer_study.py).')
 
 # How long stopped runs get to write their checkpoint before they are killed.
 _STOP_SECONDS = 120.0
 
 
-def _plan() -> list[study.Run]:
+def _plan(datasets_dir: pathlib.Path | None) -> list[study.Run]:
+    if _PLAN.value == 'transfer':
+        if datasets_dir is None:
+            raise DataError('--datasets_dir is required: the transfer plan reads each '
+                            'dataset\'s profile')
+        profiles = {d: transfer_study.profile_of(d, datasets_dir)
+                    for d in transfer_study.DATASETS}
+        return [run for run in transfer_study.transfer_plan(profiles)
+                if not _ONLY.value or _ONLY.value in run.name]
     for name in _DATASETS.value:
         if name not in study.DATASETS:
             raise DataError(f'unknown dataset {name!r}; choose from {", ".join(study.DATASETS)}')
@@ -180,7 +192,7 @@ def main(argv: list[str]) -> int:
     root = pathlib.Path(_ROOT.value)
     datasets_dir = (pathlib.Path(_DATASETS_DIR.value).resolve()
                     if _DATASETS_DIR.value else None)
-    runs = _plan()
+    runs = _plan(datasets_dir)
     todo = [run for run in runs if not study.is_finished(root, run)]
     if _LIST.value:
         for run in runs:
@@ -195,7 +207,8 @@ def main(argv: list[str]) -> int:
     if datasets_dir is None:
         raise DataError('--datasets_dir is required: the folder holding '
                         f'{", ".join(d + "/" for d in study.DATASETS)}')
-    missing = sorted({run.dataset for run in todo}
+    missing = sorted({run.dataset for run in todo
+                      if tasks.get_task(run.dataset).raw_file is not None}
                      - {d for d in study.DATASETS if (datasets_dir / d).is_dir()})
     if missing:
         raise DataError(f'no data folder for {", ".join(missing)} under {datasets_dir}')

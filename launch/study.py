@@ -56,6 +56,7 @@ class Run:
       heldout_users: `--heldout_users` fraction.
       eval_protocol: `--eval_protocol`.
       rounds_per_full_eval: `--rounds_per_full_eval` (None: every round).
+      extra: Further flags, last (a transfer candidate's settings).
     """
     name: str
     dataset: str
@@ -70,10 +71,12 @@ class Run:
     heldout_users: float = 0.0
     eval_protocol: str = 'sampled'
     rounds_per_full_eval: int | None = None
+    extra: tuple[str, ...] = ()
 
     def flags(self, data_dir: str) -> list[str]:
         """`launch/train.py` flags of this run (without the output flags)."""
-        out = [f'--task={self.dataset}', f'--data_dir={data_dir}',
+        data = [] if tasks.get_task(self.dataset).raw_file is None else [f'--data_dir={data_dir}']
+        out = [f'--task={self.dataset}', *data,
                f'--algorithm={self.method}', f'--seed={self.seed}']
         if self.validation:
             out.append('--validation')
@@ -93,7 +96,7 @@ class Run:
             out.append(f'--eval_protocol={self.eval_protocol}')
         if self.rounds_per_full_eval is not None:
             out.append(f'--rounds_per_full_eval={self.rounds_per_full_eval}')
-        return out
+        return out + list(self.extra)
 
 
 def spec_radii(dataset: str) -> tuple[float, float]:

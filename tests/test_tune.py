@@ -98,3 +98,15 @@ def test_the_space_leaves_out_what_a_method_cannot_use():
         'update': 'gradient', 'server_lr': 0.01, 'rho_ns': 0.1}
     with pytest.raises(DataError, match='objective'):
         tuning.TuneConfig(task='synthetic', objective='valid_full')
+
+
+def test_api_tune_runs_the_same_search(tmp_path):
+    from tff_fedrecgel import api
+
+    record = api.tune('synthetic', root=tmp_path / 'search', trials=1, space=['server_lr'],
+                      data_options={'num_users': 80, 'num_items': 400}, total_rounds=1)
+    assert record['finished_trials'] == 1 and record['best_trial'] == 0
+    preset = json.loads((tmp_path / 'search' / tuning.BEST_PRESET).read_text())
+    assert set(preset['settings']) == {'total_rounds', 'server_lr'}
+    assert api.settings('synthetic', preset=record['preset_file']).server_lr == (
+        preset['settings']['server_lr'])

@@ -30,20 +30,21 @@ The pieces, each what the library already has:
   into a `recommendation.TrainedModel` for top-K lists in original ids, and
   exported with `serving.export_saved_model`.
 * `load_run`: a finished (or running) run folder back as an `Experiment`
-  at its latest checkpoint (`program.run_folder`).
+  at the round it serves: the one chosen on the validation item where the
+  run has one, else its latest checkpoint (`program.run_folder`).
+* `tune`: a search of a method's settings on the validation item
+  (`tuning`, Optuna), each trial a run folder, the best a preset file.
 
 TensorFlow is imported when an `Experiment` is built, not on import.
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 from collections.abc import Callable, Mapping
 import dataclasses
 import os
 import pathlib
-import threading
 from typing import Any
 
 from tff_fedrecgel import methods
@@ -53,6 +54,7 @@ from tff_fedrecgel import tasks
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.program import outputs
 from tff_fedrecgel.program import run_folder
+from tff_fedrecgel.program import training_thread
 from tff_fedrecgel.run_settings import Settings
 from tff_fedrecgel.run_settings import settings
 
@@ -150,56 +152,6 @@ def prepare_data(task: str, *, data_dir: str | os.PathLike | None = None,
     """
     return get_task(task).load_split(data_dir=data_dir, validation=validation,
                                      cache_dir=cache_dir, **options)
-
-
-class _StopTraining(KeyboardInterrupt):
-    """Raised in the training thread at a round's end after an interrupt."""
-
-
-def _run_training_here_or_in_thread(run: Callable[[Callable[[], None]], Any]) -> Any:
-    """Calls `run(check_stop)` where the training program can drive its loop.
-
-    The training program runs its own asyncio event loop (checkpoints,
-    releases), which cannot run in a thread that already runs one, as a
-    Jupyter kernel's main thread does. There it runs in a thread, with this
-    thread's TFF context (TFF's context stack is per thread); an interrupt of
-    the kernel stops it at the end of the current round.
-    """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return run(lambda: None)
-    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-
-    context = tff.framework.get_context_stack().current
-    stop = threading.Event()
-    outcome = {}
-
-    def check_stop():
-        if stop.is_set():
-            raise _StopTraining()
-
-    def target():
-        try:
-            with tff.framework.get_context_stack().install(context):
-                outcome['value'] = run(check_stop)
-        except BaseException as e:  # pylint: disable=broad-except
-            outcome['error'] = e
-
-    thread = threading.Thread(target=target, name='fedrecgel-training', daemon=True)
-    thread.start()
-    while thread.is_alive():
-        try:
-            thread.join(0.1)
-        except KeyboardInterrupt:
-            stop.set()
-    if isinstance(outcome.get('error'), _StopTraining) or (
-            stop.is_set() and 'error' not in outcome):
-        raise KeyboardInterrupt('training interrupted; train() again resumes from the '
-                                'latest checkpoint')
-    if 'error' in outcome:
-        raise outcome['error']
-    return outcome['value']
 
 
 def _load_split(run_settings: Settings) -> Split:
@@ -301,7 +253,7 @@ class Experiment:
             program.prepare_experiment(root_output_dir=paths.root.parent,
                                        experiment_name=paths.root.name, hparams=hparams)
             self._has_state = False
-            summary = _run_training_here_or_in_thread(run)
+            summary = training_thread.run_here_or_in_thread(run)
         self.settings = run_settings
         self._has_state = True
         return summary
@@ -470,3 +422,40 @@ def load_run(run_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None =
                         foreign_settings=foreign)
     loaded.restore(round_num=round_num, checkpoint=checkpoint)
     return loaded
+
+
+def tune(task: str, *, root: str | os.PathLike, trials: int = 20,
+         max_minutes: float | None = None, objective: str | None = None,
+         space: list[str] | None = None, algorithm: str = methods.FEDRECGEL,
+         seed: int = 0, **fixed: Any) -> dict[str, Any]:
+    """Searches a method's settings on the validation item (`tuning`), as
+    `launch/tune.py` does; resumes the search kept in `root`.
+
+    Args:
+      task: A name of `TASK_NAMES`.
+      root: The tuning folder (the study, its trials, `best_preset.json`).
+      trials: Finished trials to reach.
+      max_minutes: Wall-clock budget of this call.
+      objective: The validation metric maximized (default
+        `valid_full/ndcg@10`).
+      space: Dimensions of `tuning.SEARCH_SPACE` to search (default: all).
+      algorithm: The method tuned (the FedRecGEL family).
+      seed: Seed of the sampler and of every trial.
+      **fixed: Settings shared by every trial (`data_dir`, `data_options`,
+        `total_rounds`, ...), left out of the search.
+
+    Returns:
+      The search's record; its `preset_file` is a preset `settings` accepts.
+    """
+    from tff_fedrecgel import tuning  # pylint: disable=g-import-not-at-top
+
+    settings(task, algorithm=algorithm, preset=recipes.PAPER, validation=True, **fixed)
+    dims = tuple(d for d in tuning.search_space(space) if d.name not in fixed)
+    config = tuning.TuneConfig(task=task, algorithm=algorithm, trials=trials,
+                               max_minutes=max_minutes,
+                               objective=objective or tuning.DEFAULT_OBJECTIVE,
+                               space=dims, seed=seed, base=fixed)
+    split = prepare_data(task, data_dir=fixed.get('data_dir'), validation=True,
+                         **fixed.get('data_options', {}))
+    with Session():
+        return tuning.run_search(config, root=root, split=split, make_experiment=experiment)

@@ -60,12 +60,12 @@ class DataProfile:
         return self.interactions / max(1, self.users)
 
 
-def auto_negatives(profile: DataProfile) -> int:
+def auto_negatives(profile: DataProfile, per_user: float = AUTO_NEGATIVES_PER_USER) -> int:
     """Training negatives per positive under ``auto``:
-    ``round(AUTO_NEGATIVES_PER_USER / interactions per user)``, clipped to
+    ``round(per_user / interactions per user)``, clipped to
     `AUTO_NEGATIVES_RANGE`."""
     low, high = AUTO_NEGATIVES_RANGE
-    wanted = math.floor(AUTO_NEGATIVES_PER_USER / profile.interactions_per_user + 0.5)
+    wanted = math.floor(per_user / profile.interactions_per_user + 0.5)
     return int(min(high, max(low, wanted)))
 
 
