@@ -14,11 +14,11 @@ def _profile(users, interactions, items=1000):
 
 
 @pytest.mark.parametrize('users, interactions, negatives', [
-    (1227, 34889, 5),     # FilmTrust: 28.4 interactions per user.
+    (1227, 34889, 11),    # FilmTrust: 28.4 interactions per user.
     (1600, 185650, 4),    # LastFM-2K: 116 per user, at the lower bound.
-    (8072, 63836, 19),    # Amazon-Video: 7.9 per user.
-    (100, 500, 30),       # 5 per user.
-    (100, 100, 32),       # Capped.
+    (8072, 63836, 32),    # Amazon-Video: 7.9 per user, capped.
+    (1000, 19602, 15),    # The generated log of the transfer study: 19.6 per user.
+    (100, 1200, 25),      # 12 per user.
 ])
 def test_auto_negatives_follow_the_history_length(users, interactions, negatives):
     assert recipes.auto_negatives(_profile(users, interactions)) == negatives
@@ -28,7 +28,7 @@ def test_auto_is_the_default_for_own_data_and_paper_for_the_papers_datasets():
     profile = _profile(100, 1000)
     own = run_settings.settings('csv', data_dir='x.csv', data_profile=profile)
     assert own.preset == 'auto'
-    assert (own.server_lr, own.client_fraction, own.num_negatives) == (0.01, 0.2, 15)
+    assert (own.server_lr, own.client_fraction, own.num_negatives) == (0.01, 0.2, 30)
     paper = run_settings.settings('filmtrust', data_profile=profile)
     assert paper.preset == 'paper'
     assert (paper.server_lr, paper.client_fraction, paper.num_negatives) == (0.001, 0.1, 4)
@@ -43,7 +43,7 @@ def test_the_banner_names_every_setting_the_preset_changed():
     profile = _profile(100, 1000)
     auto = run_settings.settings('synthetic', data_profile=profile, client_fraction=0.5)
     line = run_settings.preset_banner(auto, profile)
-    assert 'server_lr 0.001 -> 0.01' in line and 'num_negatives 4 -> 15' in line
+    assert 'server_lr 0.001 -> 0.01' in line and 'num_negatives 4 -> 30' in line
     assert 'client_fraction' not in line  # Given explicitly: not the preset's.
     amazon = run_settings.settings('amazon_video', preset='tuned')
     line = run_settings.preset_banner(amazon, None)

@@ -30,7 +30,7 @@ PRESETS = (PAPER, TUNED, AUTO)
 # of training negatives follows the data, so that each user draws about
 # `AUTO_NEGATIVES_PER_USER` negatives per round whatever its history length.
 AUTO_FIXED = {'server_lr': 0.01, 'client_fraction': 0.2}
-AUTO_NEGATIVES_PER_USER = 150
+AUTO_NEGATIVES_PER_USER = 300
 AUTO_NEGATIVES_RANGE = (4, 32)
 
 
