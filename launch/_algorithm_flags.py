@@ -65,7 +65,7 @@ SEED = flags.DEFINE_integer(
 
 PRESET = flags.DEFINE_enum(
     'preset', _default('preset'), list(run_settings.PRESETS),
-    'paper: SPEC.md\'s protocol; tuned: the task\'s settings chosen on the '
+    'paper: the paper\'s protocol (docs/ALGORITHM.md); tuned: the task\'s settings chosen on the '
     'validation item (docs/RESULTS.md). Flags given explicitly win.')
 
 # Settings this module sets apart from the flags of their name.

@@ -72,7 +72,7 @@ class Task:
     tuned: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def preset(self, name: str) -> dict[str, Any]:
-        """The settings of a preset: 'paper' (SPEC.md's protocol) or 'tuned'.
+        """The settings of a preset: 'paper' (docs/ALGORITHM.md) or 'tuned'.
 
         Raises:
           DataError: For an unknown preset.

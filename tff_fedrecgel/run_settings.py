@@ -97,7 +97,7 @@ class Settings:
         round.
       clients_per_round: Cohort size (overrides `client_fraction`).
       rho_sh, rho_ns: SAM radii of the global and the local part.
-      preset: 'paper' (SPEC.md's protocol) or 'tuned' (the task's settings
+      preset: 'paper' (docs/ALGORITHM.md) or 'tuned' (the task's settings
         chosen on the validation item; `settings` fills them in).
       local_lr: Client Adam on the user embedding.
       server_lr, server_optimizer: The server optimizer and its rate.
