@@ -44,11 +44,11 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-import tqdm
 import tree
 
 from tff_fedrecgel import runtime
 from tff_fedrecgel.models import neumf
+from tff_fedrecgel.program import progress as progress_lib
 from tff_fedrecgel.program import tensorboard_extras
 from tff_fedrecgel.program.evaluation_plan import EvaluationPlan
 from tff_fedrecgel.program.outputs import ExperimentPaths
@@ -103,12 +103,14 @@ class _MetricsLog:
     """Every finished round's row; `metrics.csv` is rewritten from it whole.
 
     Columns: `round`, then the flattened names (`train/loss`, `test/hr@10`,
-    ...) in first-seen order; values as TFF's CSV release manager writes them.
+    ...) in the plan's reading order (`EvaluationPlan.column_order`); values
+    as TFF's CSV release manager writes them.
     """
 
-    def __init__(self, path, rows: list[dict[str, Any]]):
+    def __init__(self, path, rows: list[dict[str, Any]], plan: EvaluationPlan):
         self._path = path
         self.rows = list(rows)
+        self._plan = plan
 
     def add(self, round_num: int, released: Mapping[str, Any]) -> None:
         row = {KEY_COLUMN: int(round_num)}
@@ -117,7 +119,8 @@ class _MetricsLog:
         self.rows = [r for r in self.rows if r[KEY_COLUMN] < round_num] + [row]
 
     def write(self) -> None:
-        columns = list(dict.fromkeys(k for row in self.rows for k in row)) or [KEY_COLUMN]
+        names = (k for row in self.rows for k in row if k != KEY_COLUMN)
+        columns = [KEY_COLUMN] + self._plan.column_order(names)
         text = io.StringIO()
         writer = csv.DictWriter(text, fieldnames=columns)
         writer.writeheader()
@@ -344,7 +347,7 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
     train_seconds = float(program_state['train_seconds'])
     eval_seconds = float(program_state['eval_seconds'])
 
-    metrics = _MetricsLog(paths.metrics_csv, rows)
+    metrics = _MetricsLog(paths.metrics_csv, rows, plan)
     with _writing(str(paths.metrics_csv)):
         # Drops rows of rounds after the checkpoint (run again below) and
         # restores a file deleted or garbled since.
@@ -359,10 +362,8 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
             paths.tensorboard, hparams=hparams, trial_id=paths.root.name,
             metric_tags=plan.dashboard_metrics())
 
-    bar = tqdm.tqdm(
-        total=total_rounds, initial=simulation.round_num, disable=not progress,
-        unit='round', dynamic_ncols=True,
-    )
+    bar = progress_lib.progress_display(
+        total=total_rounds, initial=simulation.round_num, enabled=progress)
     test_metrics = None
     try:
         for round_num in range(start_round, total_rounds + 1):
