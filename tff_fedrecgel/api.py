@@ -32,7 +32,10 @@ The pieces, each what the library already has:
 * `load_run`: a finished (or running) run folder back as an `Experiment`
   at its latest checkpoint (`program.run_folder`).
 
-TensorFlow is imported when an `Experiment` is built, not on import.
+TensorFlow is imported when an `Experiment` is built, not on import. Its
+start-up messages (CUDA plugin registration on a machine without GPUs, CPU
+instruction notices) are hidden as on the command line, unless
+`TF_CPP_MIN_LOG_LEVEL` is set (`runtime.quiet_tensorflow_logs`).
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ from tff_fedrecgel.program import outputs
 from tff_fedrecgel.program import run_folder
 from tff_fedrecgel.run_settings import Settings
 from tff_fedrecgel.run_settings import settings
+
+# Before any TensorFlow import of this process (this module imports none).
+runtime.quiet_tensorflow_logs()
 
 get_task = tasks.get_task
 TASK_NAMES = tasks.TASK_NAMES
