@@ -101,18 +101,19 @@ def test_outputs_and_summary_line(reference_run):
     rows = _metrics_rows(folder / 'metrics.csv')
     assert [int(r['round']) for r in rows] == [1, 2, 3, 4, 5, 6]
     assert all(float(r['train/clients']) == 8 for r in rows)
-    assert (folder / 'tensorboard' / 'projector_config.pbtxt').exists()
+    assert (folder / 'tensorboard' / 'ref' / 'projector_config.pbtxt').exists()
 
 
 def test_tensorboard_scalars_have_every_round(reference_run):
-    """TensorBoard holds the training, SAM and ranking scalars at steps 1..6."""
+    """TensorBoard holds the training, SAM and ranking scalars at steps 1..6,
+    in the run's subfolder named after the experiment."""
     folder, _ = reference_run
-    scalars = _read_scalars(folder / 'tensorboard')
+    scalars = _read_scalars(folder / 'tensorboard' / 'ref')
     for tag in ('train/loss', 'train/sam_loss_global', 'train/sam_loss_local',
                 'train/sharpness_global', 'train/sharpness_local',
-                'train/clients', 'train/dropped_clients',
-                'train/round_seconds', 'test/hr@10', 'test/ndcg@10',
-                'test/hr@20', 'valid/hr@10'):
+                'workload/clients', 'workload/dropped_clients',
+                'workload/round_seconds', 'workload/eval_seconds', 'test/hr@10',
+                'test/ndcg@10', 'test/hr@20', 'valid/hr@10'):
         assert scalars.get(tag) == [1, 2, 3, 4, 5, 6], tag
 
 

@@ -353,13 +353,13 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
         # restores a file deleted or garbled since.
         metrics.write()
     start_round = simulation.round_num + 1
-    with _writing(f'TensorBoard events in {paths.tensorboard}'):
-        paths.tensorboard.mkdir(parents=True, exist_ok=True)
+    with _writing(f'TensorBoard events in {paths.tensorboard_run}'):
+        paths.tensorboard_run.mkdir(parents=True, exist_ok=True)
         tb_manager = tensorboard_extras.ScalarReleaseManager(
-            paths.tensorboard, first_step=start_round)
+            paths.tensorboard_run, first_step=start_round)
         # Written again on a resume, so the dashboard shows the current settings.
         tensorboard_extras.write_hparams(
-            paths.tensorboard, hparams=hparams, trial_id=paths.root.name,
+            paths.tensorboard_run, hparams=hparams, trial_id=paths.root.name,
             metric_tags=plan.dashboard_metrics())
 
     bar = progress_lib.progress_display(
@@ -383,7 +383,7 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
             metrics.add(round_num, released)
             with _writing(str(paths.metrics_csv)):
                 metrics.write()
-            with _writing(f'TensorBoard events in {paths.tensorboard}'):
+            with _writing(f'TensorBoard events in {paths.tensorboard_run}'):
                 loop.run_until_complete(tb_manager.release(released, key=round_num))
             if on_round_end is not None:
                 on_round_end(round_num, released)
@@ -413,9 +413,9 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
     if simulation.algorithm.item_scores is None:  # A NeuMF: its item tables.
         item_gmf, item_mlp, _, _ = neumf.split_global_weights(
             simulation.algorithm.model_config, simulation.global_weights)
-        with _writing(f'the item projector in {paths.tensorboard}'):
+        with _writing(f'the item projector in {paths.tensorboard_run}'):
             tensorboard_extras.write_item_projector(
-                paths.tensorboard, split=simulation.split,
+                paths.tensorboard_run, split=simulation.split,
                 item_tables={'item_gmf': item_gmf} if item_mlp is None else {
                     'item_gmf': item_gmf, 'item_mlp': item_mlp})
     summary = _summary(simulation, plan, best, test_metrics, train_seconds, eval_seconds)
