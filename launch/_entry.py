@@ -52,11 +52,12 @@ _interrupted_hint = None
 def setup_environment() -> None:
     """Quietens TensorFlow's C++ logging; call before importing TensorFlow.
 
-    `runtime.quiet_tensorflow_logs`: TF_CPP_MIN_LOG_LEVEL=0 shows everything.
+    `tf_logs.quiet_tensorflow_logs`: TF_CPP_MIN_LOG_LEVEL=0 shows everything.
     """
     from tff_fedrecgel import runtime  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import tf_logs  # pylint: disable=g-import-not-at-top
 
-    runtime.quiet_tensorflow_logs()
+    tf_logs.quiet_tensorflow_logs()
     # TFF's worker process (started later, inheriting this environment) is a
     # multi-threaded C++ server; with glibc's default of one malloc arena per
     # thread its memory crept up round after round (Amazon-Video: 1.9 GB

@@ -35,7 +35,7 @@ The pieces, each what the library already has:
 TensorFlow is imported when an `Experiment` is built, not on import. Its
 start-up messages (CUDA plugin registration on a machine without GPUs, CPU
 instruction notices) are hidden as on the command line, unless
-`TF_CPP_MIN_LOG_LEVEL` is set (`runtime.quiet_tensorflow_logs`).
+`TF_CPP_MIN_LOG_LEVEL` is set (`tf_logs.quiet_tensorflow_logs`).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from typing import Any
 from tff_fedrecgel import methods
 from tff_fedrecgel import runtime
 from tff_fedrecgel import tasks
+from tff_fedrecgel import tf_logs
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.program import outputs
 from tff_fedrecgel.program import run_folder
@@ -59,7 +60,7 @@ from tff_fedrecgel.run_settings import Settings
 from tff_fedrecgel.run_settings import settings
 
 # Before any TensorFlow import of this process (this module imports none).
-runtime.quiet_tensorflow_logs()
+tf_logs.quiet_tensorflow_logs()
 
 get_task = tasks.get_task
 TASK_NAMES = tasks.TASK_NAMES
