@@ -52,11 +52,12 @@ _interrupted_hint = None
 def setup_environment() -> None:
     """Quietens TensorFlow's C++ logging; call before importing TensorFlow.
 
-    Level 3 also hides the harmless CUDA plugin registration errors that
-    TensorFlow prints at import on a machine without GPUs; set
-    TF_CPP_MIN_LOG_LEVEL=0 to see everything.
+    `tf_logs.quiet_tensorflow_logs`: TF_CPP_MIN_LOG_LEVEL=0 shows everything.
     """
-    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+    from tff_fedrecgel import runtime  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import tf_logs  # pylint: disable=g-import-not-at-top
+
+    tf_logs.quiet_tensorflow_logs()
     # TFF's worker process (started later, inheriting this environment) is a
     # multi-threaded C++ server; with glibc's default of one malloc arena per
     # thread its memory crept up round after round (Amazon-Video: 1.9 GB
@@ -65,8 +66,6 @@ def setup_environment() -> None:
     # Also replaces an ignored SIGINT: a background job of a shell script
     # starts with SIGINT ignored, and a worker TFF starts itself would inherit
     # that, though SIGINT is how TFF stops it.
-    from tff_fedrecgel import runtime  # pylint: disable=g-import-not-at-top
-
     runtime.install_signal_handlers(on_early_signal=_print_stopped)
 
 

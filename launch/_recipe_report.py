@@ -136,13 +136,13 @@ def sweep_lines(runs: pd.DataFrame) -> list[str]:
 
 
 def splitfix_lines(runs: pd.DataFrame) -> list[str]:
-    """LastFM-2K on the authors' tie rule, SPEC.md's protocol alone."""
+    """LastFM-2K on the authors' tie rule, the paper's protocol alone."""
     fix = runs[runs.kind == 'splitfix']
     if fix.empty:
         return []
-    authors = {'fedrecgel': study.SPEC_REFERENCE[('lastfm_2k', 'fedrecgel')],
-               'fedncf': study.SPEC_REFERENCE[('lastfm_2k', 'fedncf')]}
-    lines = ['### LastFM-2K on the authors\' tie rule (SPEC.md\'s protocol)', '',
+    authors = {'fedrecgel': study.AUTHORS_REFERENCE[('lastfm_2k', 'fedrecgel')],
+               'fedncf': study.AUTHORS_REFERENCE[('lastfm_2k', 'fedncf')]}
+    lines = ['### LastFM-2K on the authors\' tie rule (the paper\'s protocol)', '',
              '| method | best test round HR@10 / NDCG@10 | validation-selected | '
              'authors\' code | seeds |', '|---|---|---|---|---|']
     for method in ('fedrecgel', 'fedncf'):
@@ -172,7 +172,7 @@ def _protocol_stats(runs: pd.DataFrame) -> list[tuple[float, float, int]]:
 def paper_protocol_lines(runs: pd.DataFrame, previous: pd.DataFrame | None) -> list[str]:
     """The floor and the ceiling beside every method of the paper study.
 
-    SPEC.md's protocol alone (sampled metrics, no users held out). The
+    The paper's protocol alone (sampled metrics, no users held out). The
     methods come from the paper study (`previous`, its docs/study_runs.csv);
     on LastFM-2K FedNCF and FedRecGEL come from the reruns on the authors'
     tie rule, the other methods from the paper study's older split.
@@ -180,7 +180,7 @@ def paper_protocol_lines(runs: pd.DataFrame, previous: pd.DataFrame | None) -> l
     base = runs[runs.kind.isin(['paperbase', 'splitfix'])]
     if base.empty:
         return []
-    lines = ['### SPEC.md\'s protocol: floor, ceiling and the paper\'s methods', '',
+    lines = ['### The paper\'s protocol: floor, ceiling and the paper\'s methods', '',
              'Sampled metrics, no users held out; one seed for the floor and the '
              'ceiling, the paper study\'s seeds for the methods. On LastFM-2K only '
              'FedNCF and FedRecGEL were rerun on the authors\' tie rule; the other '

@@ -16,8 +16,8 @@ of training and one evaluation of all users per timed round, as the authors'
 protocol does (evaluation every round). Peak memory is the high-water
 resident set of this process plus TFF's worker process after the data is
 loaded (`data_peak_rss_mb`: the peak of loading and preprocessing). The last
-line is one JSON object; where SPEC.md has a figure for the authors' code on
-this machine, it includes the ratio.
+line is one JSON object; where docs/ALGORITHM.md has a figure for the
+authors' code on this machine, it includes the ratio.
 
 With `--eval_protocol=full` it instead times the full-ranking evaluation of
 all users (`full_ranking.evaluate_full`, every user's test item against every
@@ -61,7 +61,7 @@ from tff_fedrecgel.errors import DataError
 flags.adopt_module_key_flags(_data_flags)
 
 # Seconds per round of the authors' PyTorch code on this machine, FedRecGEL
-# with the task radii, evaluation every round (SPEC.md, reference figures).
+# with the task radii, evaluation every round (docs/ALGORITHM.md, "Reference figures").
 AUTHORS_SECONDS_PER_ROUND = {'filmtrust': 3.7, 'lastfm_2k': 12.1, 'amazon_video': 47.0}
 
 _TASK = flags.DEFINE_enum('task', None, tasks.TASK_NAMES, 'Dataset task.')

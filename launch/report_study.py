@@ -87,7 +87,7 @@ def method_tables(runs: pd.DataFrame) -> list[str]:
             label = LABELS[method]
             if row['same_as']:
                 label += f' (= {LABELS[row["same_as"]]} here)'
-            reference = study.SPEC_REFERENCE.get((dataset, method))
+            reference = study.AUTHORS_REFERENCE.get((dataset, method))
             reference = (f'{reference[0]:.4f} / {reference[1]:.4f} ({reference[2]})'
                          if reference else '')
             lines.append(
@@ -330,7 +330,7 @@ def plot_curves(root: pathlib.Path, runs: pd.DataFrame, images: pathlib.Path) ->
             ax.errorbar(positions + offset, part.hr, yerr=part.hr_std.fillna(0),
                         marker='o', capsize=3, color=color, label=f'{radius} swept')
         ax.set_xticks(positions, [f'{v:g}' for v in study.SWEEP_GRID])
-        ax.set_xlabel('radius (other radius at SPEC value)')
+        ax.set_xlabel('radius (other radius at the task\'s value)')
         ax.set_ylabel('FilmTrust best test HR@10')
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -69,7 +69,8 @@ _ONLY = flags.DEFINE_string(
 _LIST = flags.DEFINE_bool('list', False, 'Print the plan and exit.')
 _PLAN = flags.DEFINE_enum(
     'plan', 'paper', ['paper', 'recipe', 'transfer'],
-    'paper: the reproduction of the paper (SPEC.md\'s protocol, every method); '
+    'paper: the reproduction of the paper (its protocol, docs/ALGORITHM.md; '
+    'every method); '
     'recipe: the popularity floor, the central ceiling and the tuned recipe, '
     'with a validation item, 10% held-out users and both protocols; transfer: '
     'candidate recipes on every dataset and a generated log, for the choice of '

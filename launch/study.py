@@ -100,7 +100,7 @@ class Run:
 
 
 def spec_radii(dataset: str) -> tuple[float, float]:
-    """The task's radii (rho_sh, rho_ns): SPEC.md's, of the authors' final runs."""
+    """The task's radii (rho_sh, rho_ns), of the authors' final runs (docs/ALGORITHM.md)."""
     task = tasks.get_task(dataset)
     return task.rho_sh, task.rho_ns
 
@@ -114,7 +114,7 @@ def _main_run(dataset: str, method: str, seed: int, validation: bool) -> Run:
 def redundant_methods(dataset: str) -> dict[str, str]:
     """Ablations identical by construction to another method on `dataset`.
 
-    With a radius of 0 in SPEC.md's setting, SAM on one part only is the same
+    With a radius of 0 in the paper's setting, SAM on one part only is the same
     computation as a method already run (e.g. FilmTrust's rho_sh = 0 makes
     "SAM on global only" FedNCF); the study runs such an ablation for one
     seed to show the identity and reports the other method's seeds for it.
@@ -184,7 +184,7 @@ RECIPE_FULL_EVERY = {'filmtrust': 5, 'lastfm_2k': 10, 'amazon_video': 20}
 # rising much longer (measured: FilmTrust peaks at 21, Amazon-Video at 28,
 # LastFM-2K still rises at 25), so the ceiling trains for that long.
 CENTRAL_EPOCHS = {'filmtrust': 30, 'lastfm_2k': 25, 'amazon_video': 30}
-# Under SPEC.md's protocol alone (sampled metrics, peaking within these).
+# Under the paper's protocol alone (sampled metrics, peaking within these).
 PAPERBASE_CENTRAL_EPOCHS = {'filmtrust': 15, 'lastfm_2k': 12, 'amazon_video': 10}
 CENTRAL_FULL_EVERY = {'filmtrust': 1, 'lastfm_2k': 1, 'amazon_video': 2}
 RECIPE_SEEDS = 5
@@ -199,9 +199,9 @@ def recipe_plan(datasets: Sequence[str] = DATASETS) -> list[Run]:
     """The recipe study's runs, most valuable first.
 
     Per dataset: the popularity floor and the central ceiling (3 seeds);
-    FedNCF and FedRecGEL with the tuned preset (5 seeds), and with SPEC.md's
+    FedNCF and FedRecGEL with the tuned preset (5 seeds), and with the paper's
     protocol where the preset differs from it (3 seeds); on LastFM-2K a radius
-    sweep under the tuned preset, and SPEC.md's protocol alone (sampled
+    sweep under the tuned preset, and the paper's protocol alone (sampled
     metrics, no users held out, both selections, 3 seeds) on the authors' tie
     rule, to compare with their code.
     """
@@ -222,7 +222,7 @@ def recipe_plan(datasets: Sequence[str] = DATASETS) -> list[Run]:
             if tuned:
                 runs += [Run(name=f'{dataset}/paper_{method}_seed{s}', method=method,
                              seed=s, **common) for s in range(BASELINE_SEEDS)]
-        # The floor and the ceiling under SPEC.md's protocol alone, beside the
+        # The floor and the ceiling under the paper's protocol alone, beside the
         # paper reproduction's tables.
         for validation in (False, True):
             suffix = '_valid' if validation else ''
@@ -402,8 +402,8 @@ def paired_differences(runs: pd.DataFrame, dataset: str, *, method: str = 'fedre
 def sweep_table(runs: pd.DataFrame) -> pd.DataFrame:
     """FilmTrust sensitivity: best-test HR@10/NDCG@10 per swept radius value.
 
-    Each point varies one radius with the other at SPEC.md's value; the
-    point equal to SPEC.md's radii is the main FedRecGEL run, and rho_ns = 0
+    Each point varies one radius with the other at the task's value; the
+    point equal to the task's radii is the main FedRecGEL run, and rho_ns = 0
     is FedNCF, so those seeds are reused.
 
     Returns:
@@ -433,9 +433,9 @@ def _sweep_seeds(runs: pd.DataFrame) -> int:
     return int(sweep.seed.max()) + 1 if len(sweep) else 0
 
 
-# SPEC.md's reference figures: the authors' code measured on this machine
-# (best test round, 100 rounds), as (HR@10, NDCG@10, what they are).
-SPEC_REFERENCE = {
+# The authors' code measured on this machine (docs/ALGORITHM.md, "Reference
+# figures"; best test round, 100 rounds), as (HR@10, NDCG@10, what they are).
+AUTHORS_REFERENCE = {
     ('filmtrust', 'fedrecgel'): (0.9172, 0.7957, 'mean of 3 runs'),
     ('filmtrust', 'fedncf'): (0.9180, 0.7994, 'mean of 3 runs'),
     ('lastfm_2k', 'fedrecgel'): (0.6763, 0.4589, '1 run'),
@@ -467,7 +467,7 @@ RECIPE_SELECTIONS = ('test', 'valid', 'test_full', 'valid_full')
 
 def recipe_kind(name: str) -> str:
     """'itempop', 'central', 'paper', 'tuned', 'sweep', 'splitfix' or
-    'paperbase' (the floor or ceiling under SPEC.md's protocol) of a run."""
+    'paperbase' (the floor or ceiling under the paper's protocol) of a run."""
     stem = name.split('/')[1]
     if stem.startswith('tuned_sweep'):
         return 'sweep'

@@ -19,6 +19,11 @@ rounds, client fraction 0.1); flags override them. Outputs go to
 hparams.json, checkpoints, summary.json). Started again with the same flags,
 a run resumes from its latest checkpoint. The last printed line is the
 summary as one JSON object.
+
+Flags can come from a file: --flagfile=FILE reads one --flag=value per line
+(lines starting with # are comments) as if given at that place on the
+command line, so flags given after it win, e.g.
+    .venv/bin/python launch/train.py --flagfile=filmtrust.flags --seed=1
 """
 
 from __future__ import annotations

@@ -459,3 +459,23 @@ def test_training_beside_a_running_event_loop():
     finally:
         loop.close()
     assert api._run_training_here_or_in_thread(where)[0] is threading.main_thread()  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize('preset', [None, '1'])
+def test_importing_the_api_quietens_tensorflow_unless_set(preset):
+    """`from tff_fedrecgel import api` hides TensorFlow's start-up noise (CUDA
+    plugin registration on a machine without GPUs) unless the user chose a
+    log level."""
+    env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
+    if preset is not None:
+        env['TF_CPP_MIN_LOG_LEVEL'] = preset
+    code = ('import os\nfrom tff_fedrecgel import api\n'
+            'print(os.environ["TF_CPP_MIN_LOG_LEVEL"])\n'
+            'import tensorflow as tf\ntf.constant(1.0) + 1.0\n')
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                            timeout=180, check=False, cwd=REPO, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (preset or '3')
+    if preset is None:
+        assert 'Unable to register' not in result.stderr
+        assert 'tensorflow/' not in result.stderr, result.stderr

@@ -1,4 +1,4 @@
-"""Tests of the client work (SPEC "One round", steps 3-8), run eagerly.
+"""Tests of the client work (docs/ALGORITHM.md, steps 3-8), run eagerly.
 
 The references below re-derive the client's SAM step by hand from a fresh
 NeuMF, `tf.GradientTape` and dense perturbations; they use neither the
@@ -85,7 +85,7 @@ class _Reference:
 
     def sam(self, global_weights, local_weights, items, labels, weights,
             rho_sh, rho_ns):
-        """SPEC steps 4-6 with dense perturbations."""
+        """Steps 4-6 (docs/ALGORITHM.md) with dense perturbations."""
         loss, g_sh, g_ns = self.grads(
             global_weights, local_weights, items, labels, weights)
 

@@ -1,4 +1,4 @@
-"""Tests of the FedRecGEL TFF process (SPEC "One round", steps 1-9).
+"""Tests of the FedRecGEL TFF process (docs/ALGORITHM.md, steps 1-9).
 
 Each process is built once per module. Reference results come from eager
 client updates or from a fresh NeuMF with `tf.GradientTape`, then one TFF Adam

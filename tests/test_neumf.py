@@ -1,4 +1,4 @@
-"""Tests of the NeuMF model (SPEC "Model")."""
+"""Tests of the NeuMF model (docs/ALGORITHM.md, "The model")."""
 
 import math
 
@@ -21,7 +21,7 @@ def default_model():
 
 
 def test_default_global_parameter_count(default_model):
-    """The global part has 160 * num_items + 43,297 floats (SPEC sizes)."""
+    """The global part has 160 * num_items + 43,297 floats (docs/ALGORITHM.md)."""
     counted = sum(int(np.prod(v.shape))
                   for v in default_model.global_variables)
     assert counted == 160 * 1000 + 43_297

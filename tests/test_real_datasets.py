@@ -20,7 +20,7 @@ DATASETS = os.environ.get(
     'FEDRECGEL_DATASETS', os.path.join(os.path.dirname(_REPO), 'shared',
                                        'datasets'))
 
-# users, items, interactions, train rows (SPEC statistics table).
+# users, items, interactions, train rows (docs/ALGORITHM.md, "The data protocol").
 EXPECTED = {
     'filmtrust': (1227, 2059, 34889, 33662),
     'lastfm_2k': (1600, 12454, 185650, 184050),
@@ -46,7 +46,7 @@ def _split(name, validation=False):
 def _reference_test_items(raw):
     """The protocol written the way a pandas notebook would, for comparison.
 
-    Ties among a user's latest timestamps follow SPEC.md: items numbered by
+    Ties follow docs/ALGORITHM.md ("The tie rule"): items numbered by
     first appearance in the raw file, rows sorted stably by that number.
     """
     raw = raw.assign(first=pd.factorize(raw['item'])[0])
@@ -109,7 +109,7 @@ def test_lastfm_test_artist_may_also_be_in_training():
     train = client_data.FederatedTrainData.from_split(split)
     overlap = sum(bool(np.isin(split.test_items[u], train.positives(u)))
                   for u in range(split.num_users))
-    assert overlap > 0  # The SPEC quirk: repeated user-artist rows.
+    assert overlap > 0  # The authors keep repeated user-artist rows.
     # 70,508 unique pairs in all; a test pair leaves training only when the
     # user has no other row with that artist.
     assert len(train.items) == 70508 - (split.num_users - overlap)

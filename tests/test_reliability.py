@@ -353,7 +353,7 @@ def _scalars(log_dir):
     return {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto)))
                   for e in accumulator.Tensors(tag)]
             for tag in accumulator.Tags()['tensors']
-            if tag.startswith(('train/', 'test/'))}
+            if tag.startswith(('train/', 'test/', 'workload/'))}
 
 
 def _raw_steps(log_dir, tag):
@@ -378,13 +378,14 @@ def test_tensorboard_shows_each_round_once_after_a_resume(simulation, tmp_path):
     (folder / 'checkpoints' / 'program_state_5').rename(
         folder / 'checkpoints' / 'program_state_5_temp1')
     _train(simulation, folder, 7)  # Resumes at 4: writes 5, 6, 7.
-    assert sorted(_raw_steps(folder / 'tensorboard', 'train/loss')) == [1, 2, 3, 4, 5, 5, 6, 7]
-    scalars = _scalars(folder / 'tensorboard')
+    log_dir = folder / 'tensorboard' / folder.name  # The run's own subfolder.
+    assert sorted(_raw_steps(log_dir, 'train/loss')) == [1, 2, 3, 4, 5, 5, 6, 7]
+    scalars = _scalars(log_dir)
     assert scalars, 'no scalars loaded'
     for tag, points in scalars.items():
         assert [step for step, _ in points] == [1, 2, 3, 4, 5, 6, 7], tag
     rows = {int(r['round']): r for r in _rows(folder / 'metrics.csv', drop_timing=False)}
-    for step, value in scalars['train/round_seconds']:
+    for step, value in scalars['workload/round_seconds']:
         assert value == pytest.approx(float(rows[step]['train/round_seconds']), rel=1e-6)
 
 
@@ -406,7 +407,7 @@ def test_all_checkpoints_unreadable_starts_over(simulation, reference, tmp_path,
     assert 'no older checkpoint: starting from round 0' in err
     assert 'using an older one' not in err
     assert _rows(folder / 'metrics.csv') == reference
-    for tag, points in _scalars(folder / 'tensorboard').items():
+    for tag, points in _scalars(folder / 'tensorboard' / folder.name).items():
         assert [step for step, _ in points] == [1, 2, 3, 4, 5, 6], tag
     # Two set aside in this run; pruned to the newest at the next start.
     assert len(list((folder / 'checkpoints').glob('unreadable_*'))) == 2

@@ -57,7 +57,7 @@ def _ref_grad(params):
 
 
 def _ref_sam(values, rho_sh, rho_ns):
-    """SPEC steps 4-6: (global grads, local grads, loss, perturbed losses)."""
+    """Steps 4-6 of docs/ALGORITHM.md: (global grads, local grads, loss, perturbed losses)."""
     theta = [np.asarray(values[k], np.float64)
              for k in ('table', 'kernel', 'bias', 'user')]
     grads, loss = _ref_grad(theta)
@@ -119,7 +119,7 @@ def _assert_close(actual, expected):
 
 @pytest.mark.parametrize('rho_sh,rho_ns', RADII)
 def test_sam_gradients_match_reference(rho_sh, rho_ns):
-    """Per-group SAM gradients equal the independent SPEC computation."""
+    """Per-group SAM gradients equal the independent computation of steps 4-6."""
     model = _Model()
     values = model.values()
     optimizer = sam.SharpnessAwareMinimization(

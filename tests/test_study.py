@@ -42,7 +42,7 @@ def test_plan_is_complete_and_ordered():
                                  and method in ('sam_global', 'sam_local')) else seeds
                 assert per[(dataset, method, validation)] == list(range(expected))
     sweep = [run for run in runs if 'sweep_' in run.name]
-    # 8 values x 2 radii, minus the SPEC point and FedNCF, times 3 seeds.
+    # 8 values x 2 radii, minus the task's point and FedNCF, times 3 seeds.
     assert len(sweep) == 13 * 3
     assert all((run.rho_sh, run.rho_ns) not in ((0.0, 0.02), (0.0, 0.0)) for run in sweep)
     assert {run.rho_sh for run in sweep if run.rho_ns == 0.02} == set(study.SWEEP_GRID) - {0.0}

@@ -57,6 +57,22 @@ def test_metric_display_names():
     assert tensorboard_extras.metric_display_name('train/loss') == 'train loss'
 
 
+def test_scalar_tags_put_counters_and_timings_apart_with_descriptions():
+    tag = tensorboard_extras.scalar_tag
+    assert tag('train/round_seconds')[0] == 'workload/round_seconds'
+    assert tag('eval_seconds')[0] == 'workload/eval_seconds'
+    assert tag('train/clients')[0] == 'workload/clients'
+    assert tag('train/loss')[0] == 'train/loss'
+    assert tag('test_full/mrr')[0] == 'test_full/mrr'
+    assert 'top 10' in tag('test/hr@10')[1] and '99 sampled' in tag('test/hr@10')[1]
+    assert 'every item' in tag('valid_full/ndcg@5')[1]
+    assert 'never trained on' in tag('heldout/hr@20')[1]
+    assert 'rho_sh' in tag('train/sam_loss_global')[1]
+    # TensorBoard orders groups by name: the metric groups come first.
+    groups = ['test', 'valid', 'heldout_full', 'train', 'workload']
+    assert sorted(groups)[-1] == 'workload'
+
+
 def test_rewriting_hparams_replaces_the_session(tmp_path):
     first = {'task': 'synthetic', 'total_rounds': 2, 'data_dir': None}
     tensorboard_extras.write_hparams(tmp_path, hparams=first, trial_id='exp',
@@ -229,21 +245,32 @@ def test_hparams_dashboard_is_readable_and_current(served_run):
 
 def test_projector_shows_both_item_tables_with_original_ids(served_run):
     url = served_run['url']
-    assert json.loads(_get(f'{url}/data/plugin/projector/runs')) == ['.']
-    info = json.loads(_get(f'{url}/data/plugin/projector/info?run=.'))
+    # The run is named after the experiment, not '.'.
+    assert json.loads(_get(f'{url}/data/plugin/projector/runs')) == ['listening_test']
+    info = json.loads(_get(f'{url}/data/plugin/projector/info?run=listening_test'))
     items = sorted({item for _, item, _ in served_run['rows']},
                    key=lambda s: s)
     shapes = {e['tensorName']: e['tensorShape'] for e in info['embeddings']}
     assert shapes == {'item_gmf': [len(items), 32], 'item_mlp': [len(items), 128]}
     for name in shapes:
         tensor = np.frombuffer(_get(
-            f'{url}/data/plugin/projector/tensor?run=.&name={name}'), np.float32)
+            f'{url}/data/plugin/projector/tensor?run=listening_test&name={name}'), np.float32)
         assert tensor.size == len(items) * shapes[name][1]
         assert np.isfinite(tensor).all() and tensor.std() > 0
-    metadata = _get(f'{url}/data/plugin/projector/metadata?run=.&name=item_gmf')
+    metadata = _get(f'{url}/data/plugin/projector/metadata?run=listening_test&name=item_gmf')
     lines = metadata.decode().splitlines()
     assert lines[0] == 'item\tindex\ttrain_users'
     labels = [line.split('\t')[0] for line in lines[1:]]
     assert labels == items  # Original ids, in index (sorted id) order.
     popularity = [int(line.split('\t')[2]) for line in lines[1:]]
     assert sum(popularity) > 0 and max(popularity) <= 40
+
+
+def test_scalars_are_one_named_run_with_described_tags(served_run):
+    tags = json.loads(_get(f'{served_run["url"]}/data/plugin/scalars/tags'))
+    assert list(tags) == ['listening_test']
+    run = tags['listening_test']
+    assert {'train/loss', 'test/hr@10', 'valid/ndcg@20', 'workload/eval_seconds',
+            'workload/round_seconds', 'workload/clients'} <= set(run)
+    assert not {'eval_seconds', 'train/clients', 'train/round_seconds'} & set(run)
+    assert all(info['description'].strip() for info in run.values()), run

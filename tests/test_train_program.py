@@ -101,18 +101,19 @@ def test_outputs_and_summary_line(reference_run):
     rows = _metrics_rows(folder / 'metrics.csv')
     assert [int(r['round']) for r in rows] == [1, 2, 3, 4, 5, 6]
     assert all(float(r['train/clients']) == 8 for r in rows)
-    assert (folder / 'tensorboard' / 'projector_config.pbtxt').exists()
+    assert (folder / 'tensorboard' / 'ref' / 'projector_config.pbtxt').exists()
 
 
 def test_tensorboard_scalars_have_every_round(reference_run):
-    """TensorBoard holds the training, SAM and ranking scalars at steps 1..6."""
+    """TensorBoard holds the training, SAM and ranking scalars at steps 1..6,
+    in the run's subfolder named after the experiment."""
     folder, _ = reference_run
-    scalars = _read_scalars(folder / 'tensorboard')
+    scalars = _read_scalars(folder / 'tensorboard' / 'ref')
     for tag in ('train/loss', 'train/sam_loss_global', 'train/sam_loss_local',
                 'train/sharpness_global', 'train/sharpness_local',
-                'train/clients', 'train/dropped_clients',
-                'train/round_seconds', 'test/hr@10', 'test/ndcg@10',
-                'test/hr@20', 'valid/hr@10'):
+                'workload/clients', 'workload/dropped_clients',
+                'workload/round_seconds', 'workload/eval_seconds', 'test/hr@10',
+                'test/ndcg@10', 'test/hr@20', 'valid/hr@10'):
         assert scalars.get(tag) == [1, 2, 3, 4, 5, 6], tag
 
 
@@ -248,3 +249,33 @@ def test_server_optimizer_and_negatives_flags(tmp_path):
     # Same cohort and positives: (1 + 2) / (1 + 4) of the examples.
     first = [float(rows[n][0]['train/examples_per_client']) for n in ('default', 'custom')]
     assert first[1] == pytest.approx(first[0] * 3 / 5)
+
+
+def test_metrics_csv_columns_in_reading_order(reference_run):
+    """round, train/, then test/ and valid/ with hr@5 < hr@10 < ... < ndcg@5."""
+    folder, _ = reference_run
+    with open(folder / 'metrics.csv') as f:
+        header = next(csv.reader(f))
+    assert header[0] == 'round' and header[-1] == 'eval_seconds'
+    ranking = [f'{m}@{k}' for m in ('hr', 'ndcg') for k in (5, 10, 15, 20)]
+    groups = [c.split('/')[0] for c in header[1:-1]]
+    assert list(dict.fromkeys(groups)) == ['train', 'test', 'valid']
+    for group in ('test', 'valid'):
+        assert [c.split('/')[1] for c in header if c.startswith(f'{group}/')] == ranking
+
+
+def test_flagfile_with_plain_progress_lines(tmp_path):
+    """--flagfile reads flags (later ones win); progress to a file is plain lines."""
+    flagfile = tmp_path / 'run.flags'
+    flagfile.write_text('\n'.join(
+        ['# a tiny synthetic run', *SMALL[:3], '--total_rounds=9',
+         f'--root_output_dir={tmp_path}', '--experiment_name=ff', '']))
+    code, output = _run([f'--flagfile={flagfile}', '--total_rounds=2', '--progress'],
+                        tmp_path)
+    assert code == 0, output
+    assert _summary(output)['rounds'] == 2
+    assert json.loads((tmp_path / 'ff' / 'hparams.json').read_text())['data_num_users'] == 80
+    assert '\r' not in output
+    progress = [l for l in output.splitlines() if l.startswith('round ')]
+    assert [l.split()[1] for l in progress] == ['1/2', '2/2'], output
+    assert 'hr@10=' in progress[-1] and 'left 00:00' in progress[-1]

@@ -35,7 +35,10 @@ The pieces, each what the library already has:
 * `tune`: a search of a method's settings on the validation item
   (`tuning`, Optuna), each trial a run folder, the best a preset file.
 
-TensorFlow is imported when an `Experiment` is built, not on import.
+TensorFlow is imported when an `Experiment` is built, not on import. Its
+start-up messages (CUDA plugin registration on a machine without GPUs, CPU
+instruction notices) are hidden as on the command line, unless
+`TF_CPP_MIN_LOG_LEVEL` is set (`tf_logs.quiet_tensorflow_logs`).
 """
 
 from __future__ import annotations
@@ -51,12 +54,16 @@ from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel import runtime
 from tff_fedrecgel import tasks
+from tff_fedrecgel import tf_logs
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.program import outputs
 from tff_fedrecgel.program import run_folder
 from tff_fedrecgel.program import training_thread
 from tff_fedrecgel.run_settings import Settings
 from tff_fedrecgel.run_settings import settings
+
+# Before any TensorFlow import of this process (this module imports none).
+tf_logs.quiet_tensorflow_logs()
 
 get_task = tasks.get_task
 TASK_NAMES = tasks.TASK_NAMES

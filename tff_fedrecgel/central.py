@@ -6,7 +6,7 @@ scored with `neumf.neumf_logits`, the federated model's math) and is trained
 with `model.fit` on all users' examples at once. Each epoch draws fresh
 negatives (the clients' sampler, `num_negatives` per unique training
 positive), shuffles, and runs one pass of Adam on the mean binary
-cross-entropy (SPEC.md "Floors and ceilings": Adam 0.001, batch 256, 4
+cross-entropy (docs/ALGORITHM.md, "One round": Adam 0.001, batch 256, 4
 negatives). Evaluation is the federated models' `evaluation.evaluate_users`.
 
 `CentralTrainer` offers the simulation's interface (`initialize`, `run_round`

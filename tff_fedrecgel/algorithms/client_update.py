@@ -5,7 +5,7 @@ client state, client data) with no hidden state. It is written over a
 leading user axis: a TFF client may stand for a group of G users (the
 simulation's vectorized clients), and one user's device is the group of one
 (`single_user=True`, the form that is deployed and exported). Each user's
-computation is independent of the others in its group (SPEC "One round",
+computation is independent of the others in its group (docs/ALGORITHM.md,
 steps 3-8):
 
 1. base pass: the loss on the user's round batch and its gradients;
@@ -246,7 +246,7 @@ class _Copies(NamedTuple):
 
 
 def _sam_step(model_config, work, keys, position, local, copies, labels, weights):
-    """SPEC steps 4-6 for every user of the group at once.
+    """Steps 4-6 (docs/ALGORITHM.md) for every user of the group at once.
 
     Returns:
       `(losses, sam_losses_global, sam_losses_local, local_grads,

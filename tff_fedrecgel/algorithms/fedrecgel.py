@@ -63,7 +63,7 @@ class ServerState(NamedTuple):
 
 def build_server_optimizer(learning_rate: float = 0.001, name: str = 'adam'
                            ) -> tff.learning.optimizers.Optimizer:
-    """A server optimizer by name; the default is SPEC's Adam (step 9).
+    """A server optimizer by name; the default is the paper's Adam (step 9).
 
     Args:
       learning_rate: Its learning rate.

@@ -1,6 +1,6 @@
 """The FedRecGEL data protocol: filter, re-index, leave-one-out, negatives.
 
-Steps (SPEC "Data protocol"):
+Steps (docs/ALGORITHM.md, "The data protocol"):
 
 1. Keep users with at least ``min_interactions`` (5) rows. Items are not
    filtered. Duplicate (user, item) rows are kept.
@@ -386,8 +386,8 @@ def build_split(raw: pd.DataFrame, *, validation: bool = False,
     Args:
       raw: Raw interactions with ``user``, ``item``, ``timestamp``.
       validation: Also hold out each user's second-latest interaction.
-      min_interactions: Users with fewer rows are dropped (5 in the SPEC).
-      num_negatives: Held-out negatives per user (99 in the SPEC).
+      min_interactions: Users with fewer rows are dropped (5 in the paper).
+      num_negatives: Held-out negatives per user (99 in the paper).
       test_seed: Seed of the test negatives.
       valid_seed: Seed of the validation negatives.
       num_items: Fixed size of the item index space (Amazon-Video: 11,830);

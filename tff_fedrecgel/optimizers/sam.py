@@ -24,7 +24,7 @@ import tensorflow as tf
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices]
 Radius = Union[float, tf.Tensor]
-# Added to the gradient norm before dividing (SPEC "One round", steps 5-6).
+# Added to the gradient norm before dividing (docs/ALGORITHM.md, steps 5-6).
 EPSILON = 1e-12
 
 
@@ -120,7 +120,7 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
         loss_fn: Callable[[], tf.Tensor],
         var_groups: Mapping[str, Sequence[tf.Variable]],
     ) -> SamGradients:
-        """Computes the SAM gradient of every group (SPEC steps 4-6).
+        """Computes the SAM gradient of every group (docs/ALGORITHM.md, steps 4-6).
 
         Args:
           loss_fn: Computes the scalar loss from the current variable values.

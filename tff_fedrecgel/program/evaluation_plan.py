@@ -18,8 +18,9 @@ selection records the test and held-out metrics of its round.
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 import dataclasses
+import re
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,14 @@ from tff_fedrecgel import ranking
 PROTOCOLS = ('sampled', 'full', 'both')
 SELECT_ON = 'hr@10'
 _SUFFIX = {'sampled': '', 'full': '_full'}
+# The training metrics' group; released before the evaluation groups.
+TRAIN_GROUP = 'train'
+
+
+def natural_key(name: str) -> tuple:
+    """A sort key that compares runs of digits as numbers: hr@5 < hr@10."""
+    return tuple((0, int(part), '') if part.isdigit() else (1, 0, part)
+                 for part in re.split(r'(\d+)', name) if part)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +97,40 @@ class EvaluationPlan:
         if self.heldout:
             groups.append(Group('heldout' + suffix, 'test', True, protocol))
         return groups
+
+    def group_names(self) -> list[str]:
+        """Every metric group of the run: `train`, then the evaluation groups
+        in release order (test, valid, heldout; sampled, then full)."""
+        return [TRAIN_GROUP] + [g.name for p in self.protocols for g in self.groups(p)]
+
+    def column_order(self, names: Iterable[str]) -> list[str]:
+        """Flattened metric names (`test/hr@10`, `eval_seconds`) in reading
+        order: by group (`group_names`; other groups after them, then
+        top-level names such as `eval_seconds`); within a group the ranking
+        metrics as `ranking.metric_names` orders their kinds (HR, NDCG, MRR),
+        each in natural order (hr@5, hr@10, hr@15, hr@20), other names after
+        them in natural order.
+
+        Args:
+          names: Names, repeats allowed (e.g. every row's keys).
+
+        Returns:
+          The distinct names, ordered.
+        """
+        known = self.group_names()
+        kinds = list(dict.fromkeys(
+            n.split('@')[0] for n in ranking.metric_names(mrr=True)))
+
+        def key(name: str) -> tuple:
+            group, _, metric = name.rpartition('/')
+            group = group.split('/', 1)[0] if group else name
+            rank = known.index(group) if group in known else (
+                len(known) if '/' in name else len(known) + 1)
+            kind = metric.split('@')[0]
+            kind_rank = kinds.index(kind) if kind in kinds else len(kinds)
+            return rank, group, kind_rank, natural_key(name)
+
+        return sorted(dict.fromkeys(names), key=key)
 
     @staticmethod
     def metric_names(protocol: str) -> list[str]:

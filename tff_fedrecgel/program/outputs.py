@@ -4,7 +4,7 @@
   run.lock            held (flock) by the run writing here; names its holder
   hparams.json        every setting of the run, written once
   metrics.csv         one row per round, rewritten whole after each round
-  tensorboard/        scalars, hparams and the item-embedding projector
+  tensorboard/<name>/ scalars, hparams and the item-embedding projector
   checkpoints/        TFF FileProgramStateManager program states
     selected/         the state of the round chosen on the validation item
   summary.json        the final summary (also the last printed line)
@@ -51,7 +51,14 @@ class ExperimentPaths:
 
     @property
     def tensorboard(self) -> pathlib.Path:
+        """The folder to give `tensorboard --logdir`."""
         return self.root / 'tensorboard'
+
+    @property
+    def tensorboard_run(self) -> pathlib.Path:
+        """Where the run's event files go: a subfolder named after the
+        experiment, so TensorBoard names the run after it."""
+        return self.tensorboard / self.root.name
 
     @property
     def checkpoints(self) -> pathlib.Path:

@@ -2,10 +2,15 @@
 
 Scalars go through `ScalarReleaseManager`, a `tff.program.ReleaseManager`
 like TFF's `TensorBoardReleaseManager` that also marks where a run resumes
-(TensorBoard then drops the steps an interrupted run had written). The other
+(TensorBoard then drops the steps an interrupted run had written). Each
+released metric gets its TensorBoard tag and a description (`scalar_tag`):
+the ranking metrics keep their group (`test/hr@10`), the losses stay under
+`train/`, and what counts or times the round goes under `workload/`. The other
 plugins need their own files, written with TensorBoard's plugin APIs.
-Everything lands in the one log folder the scalars use, so `tensorboard
---logdir <that folder>` shows every plugin:
+Everything lands in the run's own log folder, `<run>/tensorboard/<experiment
+name>/` (`run_log_dir`), so `tensorboard --logdir <run>/tensorboard` shows
+every plugin under the experiment's name, and a folder of runs shows each
+under its own:
 
 - hparams: `hparams_config` (the declared metrics and settings, key settings
   first) and the session (this run's settings, named by the experiment) in one
@@ -33,6 +38,85 @@ from tensorboard.plugins.hparams import api as hparams_api
 import tree
 # `import_event` writes a whole Event proto; no public tf.summary API does.
 from tensorflow.python.ops import summary_ops_v2  # pylint: disable=g-direct-tensorflow-import
+
+
+# Released metrics that count or time the round rather than measure the
+# model, shown apart from the losses; and what each says. TensorBoard orders
+# groups by name: this one sorts after every metric group (test, train,
+# valid and their _full and heldout kin).
+WORKLOAD_GROUP = 'workload'
+_WORKLOAD_METRICS = {
+    'train/clients': 'Users sampled this round (the cohort).',
+    'train/dropped_clients': ('Sampled users whose update was not finite, left out '
+                              'of the average (their state unchanged).'),
+    'train/examples_per_client': ('Mean length of the cohort\'s round batches '
+                                  '(positives and their negatives).'),
+    'train/round_seconds': ('Wall seconds of the round\'s training: cohort, batches '
+                            'and the TFF round.'),
+    'eval_seconds': 'Wall seconds of the round\'s evaluation, every group.',
+}
+_TRAIN_METRICS = {
+    'loss': ('Mean over the cohort of the training loss at the received weights '
+             '(the base pass).'),
+    'sam_loss_global': ('Mean loss with the global part moved by rho_sh along its '
+                        'normalized gradient (SAM\'s point; the base loss at rho_sh = 0).'),
+    'sam_loss_local': ('Mean loss with the user embedding moved by rho_ns along its '
+                       'normalized gradient (SAM\'s point; the base loss at rho_ns = 0).'),
+    'sharpness_global': ('sam_loss_global minus loss: how much the loss rises within '
+                         'radius rho_sh of the global part. SAM lowers it.'),
+    'sharpness_local': ('sam_loss_local minus loss: how much the loss rises within '
+                        'radius rho_ns of the user embedding.'),
+    'probe_sharpness_global': ('Loss rise at the --sharpness_probe radius along the '
+                               'global gradient: one radius for every method.'),
+    'probe_sharpness_local': ('Loss rise at the --sharpness_probe radius along the '
+                              'user embedding\'s gradient.'),
+    'dp_epsilon': 'Differential privacy: the epsilon spent so far, at the run\'s delta.',
+}
+_HELD_OUT = {
+    'test': 'the test item (each user\'s latest interaction)',
+    'valid': 'the validation item (each user\'s second-latest interaction)',
+    'heldout': ('the test item of the users never trained on, their embedding '
+                'rebuilt from their own data'),
+}
+_CANDIDATES = {
+    'sampled': 'against its 99 sampled negatives (the paper\'s protocol)',
+    'full': 'against every item the user did not train on (full ranking)',
+}
+_RANKING = {
+    'hr': 'HR@{k}: the share of users whose held-out item ranks in the top {k}',
+    'ndcg': ('NDCG@{k}: the mean over users of 1 / log2(rank + 2) when the held-out '
+             'item ranks in the top {k}, else 0'),
+    'mrr': 'MRR: the mean over users of 1 / (rank + 1)',
+}
+
+
+def scalar_tag(name: str) -> tuple[str, str]:
+    """The TensorBoard tag and description of a released metric.
+
+    Args:
+      name: The metric's flattened name, as in metrics.csv (`test/hr@10`,
+        `train/round_seconds`, `eval_seconds`).
+
+    Returns:
+      `(tag, description)`: counters and timings move to `workload/`; every
+      other name is kept.
+    """
+    if name in _WORKLOAD_METRICS:
+        return f'{WORKLOAD_GROUP}/{name.rpartition("/")[2]}', _WORKLOAD_METRICS[name]
+    group, _, metric = name.partition('/')
+    if group == 'train':
+        if metric in _TRAIN_METRICS:
+            return name, _TRAIN_METRICS[metric]
+        if metric.startswith('aggregation/'):
+            return name, f'A measurement of the aggregator: {metric[12:]}.'
+        return name, f'Training metric {metric}.'
+    base, full, rest = group.partition('_full')
+    kind, _, k = metric.partition('@')
+    if base in _HELD_OUT and kind in _RANKING and not rest:
+        where = _CANDIDATES['full' if full else 'sampled']
+        return name, (f'{_RANKING[kind].format(k=k)}; {_HELD_OUT[base]} ranked {where}, '
+                      'ties counted against it.')
+    return name, f'{name}, as released by the run.'
 
 
 class ScalarReleaseManager(tff.program.ReleaseManager):
@@ -77,11 +161,11 @@ class ScalarReleaseManager(tff.program.ReleaseManager):
                 array = np.asarray(leaf)
                 if array.dtype.kind not in 'biuf':
                     continue
-                name = '/'.join(map(str, path))
+                tag, description = scalar_tag('/'.join(map(str, path)))
                 if array.shape:
-                    tf.summary.histogram(name, array, step=key)
+                    tf.summary.histogram(tag, array, step=key, description=description)
                 else:
-                    tf.summary.scalar(name, array, step=key)
+                    tf.summary.scalar(tag, array, step=key, description=description)
         self._writer.flush()  # Write errors (a full disk) surface here.
 
     def close(self) -> None:

@@ -44,11 +44,11 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-import tqdm
 import tree
 
 from tff_fedrecgel import runtime
 from tff_fedrecgel.models import neumf
+from tff_fedrecgel.program import progress as progress_lib
 from tff_fedrecgel.program import tensorboard_extras
 from tff_fedrecgel.program.evaluation_plan import SELECT_ON
 from tff_fedrecgel.program.evaluation_plan import EvaluationPlan
@@ -106,12 +106,14 @@ class _MetricsLog:
     """Every finished round's row; `metrics.csv` is rewritten from it whole.
 
     Columns: `round`, then the flattened names (`train/loss`, `test/hr@10`,
-    ...) in first-seen order; values as TFF's CSV release manager writes them.
+    ...) in the plan's reading order (`EvaluationPlan.column_order`); values
+    as TFF's CSV release manager writes them.
     """
 
-    def __init__(self, path, rows: list[dict[str, Any]]):
+    def __init__(self, path, rows: list[dict[str, Any]], plan: EvaluationPlan):
         self._path = path
         self.rows = list(rows)
+        self._plan = plan
 
     def add(self, round_num: int, released: Mapping[str, Any]) -> None:
         row = {KEY_COLUMN: int(round_num)}
@@ -120,7 +122,8 @@ class _MetricsLog:
         self.rows = [r for r in self.rows if r[KEY_COLUMN] < round_num] + [row]
 
     def write(self) -> None:
-        columns = list(dict.fromkeys(k for row in self.rows for k in row)) or [KEY_COLUMN]
+        names = (k for row in self.rows for k in row if k != KEY_COLUMN)
+        columns = [KEY_COLUMN] + self._plan.column_order(names)
         text = io.StringIO()
         writer = csv.DictWriter(text, fieldnames=columns)
         writer.writeheader()
@@ -354,7 +357,7 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
     train_seconds = float(program_state['train_seconds'])
     eval_seconds = float(program_state['eval_seconds'])
 
-    metrics = _MetricsLog(paths.metrics_csv, rows)
+    metrics = _MetricsLog(paths.metrics_csv, rows, plan)
     with _writing(str(paths.metrics_csv)):
         # Drops rows of rounds after the checkpoint (run again below) and
         # restores a file deleted or garbled since.
@@ -370,19 +373,17 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
     stopped_early = bool(patience) and since_best >= patience
     if stopped_early:
         start_round = total_rounds + 1  # Stopped before; nothing more to run.
-    with _writing(f'TensorBoard events in {paths.tensorboard}'):
-        paths.tensorboard.mkdir(parents=True, exist_ok=True)
+    with _writing(f'TensorBoard events in {paths.tensorboard_run}'):
+        paths.tensorboard_run.mkdir(parents=True, exist_ok=True)
         tb_manager = tensorboard_extras.ScalarReleaseManager(
-            paths.tensorboard, first_step=start_round)
+            paths.tensorboard_run, first_step=start_round)
         # Written again on a resume, so the dashboard shows the current settings.
         tensorboard_extras.write_hparams(
-            paths.tensorboard, hparams=hparams, trial_id=paths.root.name,
+            paths.tensorboard_run, hparams=hparams, trial_id=paths.root.name,
             metric_tags=plan.dashboard_metrics())
 
-    bar = tqdm.tqdm(
-        total=total_rounds, initial=simulation.round_num, disable=not progress,
-        unit='round', dynamic_ncols=True,
-    )
+    bar = progress_lib.progress_display(
+        total=total_rounds, initial=simulation.round_num, enabled=progress)
     test_metrics = None
     try:
         for round_num in range(start_round, total_rounds + 1):
@@ -406,7 +407,7 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
             metrics.add(round_num, released)
             with _writing(str(paths.metrics_csv)):
                 metrics.write()
-            with _writing(f'TensorBoard events in {paths.tensorboard}'):
+            with _writing(f'TensorBoard events in {paths.tensorboard_run}'):
                 loop.run_until_complete(tb_manager.release(released, key=round_num))
             if on_round_end is not None:
                 on_round_end(round_num, released)
@@ -443,9 +444,9 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
     if simulation.algorithm.item_scores is None:  # A NeuMF: its item tables.
         item_gmf, item_mlp, _, _ = neumf.split_global_weights(
             simulation.algorithm.model_config, simulation.global_weights)
-        with _writing(f'the item projector in {paths.tensorboard}'):
+        with _writing(f'the item projector in {paths.tensorboard_run}'):
             tensorboard_extras.write_item_projector(
-                paths.tensorboard, split=simulation.split,
+                paths.tensorboard_run, split=simulation.split,
                 item_tables={'item_gmf': item_gmf} if item_mlp is None else {
                     'item_gmf': item_gmf, 'item_mlp': item_mlp})
     summary = _summary(simulation, plan, best, test_metrics, train_seconds, eval_seconds)

@@ -74,7 +74,7 @@ class Algorithm(Protocol):
 
 
 def clients_per_round_for(num_users: int, fraction: float) -> int:
-    """int(fraction * num_users), at least 1 (SPEC step 1)."""
+    """int(fraction * num_users), at least 1 (docs/ALGORITHM.md, step 1)."""
     if not 0 < fraction <= 1:
         raise ValueError(f'client fraction must be in (0, 1], got {fraction}')
     return max(1, int(fraction * num_users))
