@@ -125,6 +125,8 @@ def _pieces(grads: Sequence[Gradient | None]) -> list[_Piece | None]:
 
 def _row_sums(values: tf.Tensor) -> tf.Tensor:
     """Sums every slice along axis 0: `[R, ...] -> [R]`."""
+    if values.shape.rank == 2:
+        return tf.reduce_sum(values, axis=1)
     return tf.reduce_sum(tf.reshape(values, [tf.shape(values)[0], -1]), axis=1)
 
 
@@ -167,14 +169,27 @@ def _squared_norm(pieces, ids, count) -> tf.Tensor:
     return total
 
 
-def _ascent_step(piece: _Piece, scale: tf.Tensor, ids, count) -> tf.Tensor:
-    """SAM's step e for one piece: its gradient times its segment's scale."""
+def _ascent_steps(pieces, scale: tf.Tensor, ids, count) -> list[tf.Tensor | None]:
+    """SAM's step e for each piece: its gradient times its segment's scale."""
     if count is None:
-        return piece.values * scale
-    segment = _row_segments(piece, ids)
-    row_scale = scale if segment is None else tf.gather(scale, segment)
-    row_scale = tf.reshape(row_scale, [-1] + [1] * (piece.values.shape.rank - 1))
-    return row_scale * piece.values
+        return [None if p is None else p.values * scale for p in pieces]
+    gathered = []  # (segment vector, its rows' scales): one gather per vector.
+    steps = []
+    for piece, piece_ids in zip(pieces, ids):
+        if piece is None:
+            steps.append(None)
+            continue
+        segment = _row_segments(piece, piece_ids)
+        if segment is None:
+            row_scale = scale
+        else:
+            row_scale = next((s for seg, s in gathered if seg is segment), None)
+            if row_scale is None:
+                row_scale = tf.gather(scale, segment)
+                gathered.append((segment, row_scale))
+        rank = piece.values.shape.rank
+        steps.append(tf.reshape(row_scale, [-1] + [1] * (rank - 1)) * piece.values)
+    return steps
 
 
 def _total(loss: tf.Tensor) -> tf.Tensor:
@@ -374,8 +389,7 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
             pieces = _pieces(grads)
             ids = list(row_ids.get(name, [None] * len(grads)))
             scale = perturbation_scale(_squared_norm(pieces, ids, count), rho, self.epsilon)
-            steps = [None if piece is None else _ascent_step(piece, scale, piece_ids, count)
-                     for piece, piece_ids in zip(pieces, ids)]
+            steps = _ascent_steps(pieces, scale, ids, count)
             perturbed_losses[name], gradients[name] = gradient_at(name, pieces, steps)
         return SamGradients(gradients, loss, perturbed_losses)
 
