@@ -6,6 +6,8 @@ is the dense-equivalent gradient with repeated rows summed.
 """
 
 import collections
+import pathlib
+import runpy
 
 import numpy as np
 import pytest
@@ -316,3 +318,252 @@ def test_minimize_validates_before_updating():
         optimizer.minimize(model.loss, model.groups())
     for name, value in model.values().items():
         np.testing.assert_array_equal(value, values[name], err_msg=name)
+
+
+# ----------------------------------------------------------------------------
+# The functional form (tensors) and norms per segment.
+# ----------------------------------------------------------------------------
+
+
+def _point_loss(point):
+    """`_Model.loss` on tensors: point = {'global': [table, kernel, bias], 'local': [user]}."""
+    (table, kernel, bias), (user,) = point['global'], point['local']
+    rows = tf.gather(table, INDICES)
+    hidden = tf.tanh(tf.matmul(rows * user, kernel) + bias)
+    losses = tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=LABELS, logits=tf.linalg.matvec(hidden, HEAD))
+    return tf.reduce_sum(losses * EXAMPLE_WEIGHTS)
+
+
+def _point(values):
+    return {'global': [tf.constant(values[k]) for k in ('table', 'kernel', 'bias')],
+            'local': [tf.constant(values['user'])]}
+
+
+@pytest.mark.parametrize('rho_sh,rho_ns', RADII)
+def test_sam_gradients_at_matches_reference_and_variables(rho_sh, rho_ns):
+    """On tensors: the reference's gradients and losses, and the variable form's."""
+    values = _initial_values()
+    optimizer = sam.SharpnessAwareMinimization(rho={'global': rho_sh, 'local': rho_ns})
+    result = optimizer.sam_gradients_at(_point_loss, _point(values))
+    ref_sh, ref_ns, ref_loss, (ref_loss_sh, ref_loss_ns) = _ref_sam(values, rho_sh, rho_ns)
+    _assert_close([g.numpy() for g in result.gradients['global']], ref_sh)
+    _assert_close([g.numpy() for g in result.gradients['local']], ref_ns)
+    np.testing.assert_allclose(result.loss.numpy(), ref_loss, rtol=1e-6)
+    np.testing.assert_allclose(result.perturbed_losses['global'].numpy(), ref_loss_sh, rtol=1e-6)
+    np.testing.assert_allclose(result.perturbed_losses['local'].numpy(), ref_loss_ns, rtol=1e-6)
+    model = _Model(values)
+    on_variables = optimizer.sam_gradients(model.loss, model.groups())
+    for name in ('global', 'local'):
+        _assert_close([g.numpy() for g in result.gradients[name]],
+                      _dense(on_variables.gradients[name]))
+
+
+SEGMENTS = 3
+
+
+def _segment_values():
+    """Three independent problems of the reference's kind."""
+    out = []
+    for seed in range(SEGMENTS):
+        rng = np.random.default_rng(100 + seed)
+        out.append(collections.OrderedDict(
+            (k, rng.normal(scale=0.5, size=v.shape).astype(np.float32))
+            for k, v in _initial_values().items()))
+    return out
+
+
+def _stacked(per_segment):
+    """The problems stacked: the tables' rows one after the other, the rest on axis 0."""
+    return collections.OrderedDict(
+        table=np.concatenate([v['table'] for v in per_segment]),
+        **{k: np.stack([v[k] for v in per_segment]) for k in ('kernel', 'bias', 'user')})
+
+
+def _segment_losses(table, kernel, bias, user):
+    """Problem s reads rows s * NUM_ROWS... of the table and slice s of the rest."""
+    losses = []
+    for s in range(SEGMENTS):
+        rows = tf.gather(table, INDICES + s * NUM_ROWS)
+        hidden = tf.tanh(tf.matmul(rows * user[s], kernel[s]) + bias[s])
+        logits = tf.linalg.matvec(hidden, HEAD)
+        losses.append(tf.reduce_sum(EXAMPLE_WEIGHTS * tf.nn.sigmoid_cross_entropy_with_logits(
+            labels=LABELS, logits=logits)))
+    return tf.stack(losses)
+
+
+TABLE_SEGMENTS = np.repeat(np.arange(SEGMENTS, dtype=np.int32), NUM_ROWS)
+ROW_IDS = {'global': [tf.constant(TABLE_SEGMENTS), None, None]}
+
+
+def _assert_segments_match_reference(result, per_segment, rho_sh, rho_ns):
+    stacked_sh = _dense(result.gradients['global'])
+    (stacked_ns,) = _dense(result.gradients['local'])
+    for s, values in enumerate(per_segment):
+        ref_sh, ref_ns, ref_loss, (ref_loss_sh, ref_loss_ns) = _ref_sam(values, rho_sh, rho_ns)
+        rows = slice(s * NUM_ROWS, (s + 1) * NUM_ROWS)
+        _assert_close([stacked_sh[0][rows], stacked_sh[1][s], stacked_sh[2][s]], ref_sh)
+        _assert_close([stacked_ns[s]], ref_ns)
+        np.testing.assert_allclose(result.loss.numpy()[s], ref_loss, rtol=1e-6)
+        np.testing.assert_allclose(result.perturbed_losses['global'].numpy()[s], ref_loss_sh,
+                                   rtol=1e-6)
+        np.testing.assert_allclose(result.perturbed_losses['local'].numpy()[s], ref_loss_ns,
+                                   rtol=1e-6)
+
+
+@pytest.mark.parametrize('rho_sh,rho_ns', [(0.2, 0.0), (0.1, 0.5), (1.0, 2.0)])
+def test_norm_per_segment_equals_each_problem_alone(rho_sh, rho_ns):
+    """With segments, every stacked problem gets its own norm: as if run alone.
+
+    On tensors and on variables (where the table's gradient is sparse and
+    its rows are mapped to their problem by `row_ids`).
+    """
+    per_segment = _segment_values()
+    stacked = _stacked(per_segment)
+    optimizer = sam.SharpnessAwareMinimization(rho={'global': rho_sh, 'local': rho_ns})
+    segments = sam.NormSegments(count=SEGMENTS, row_ids=ROW_IDS)
+    on_tensors = optimizer.sam_gradients_at(
+        lambda p: _segment_losses(*p['global'], *p['local']),
+        {'global': [tf.constant(stacked[k]) for k in ('table', 'kernel', 'bias')],
+         'local': [tf.constant(stacked['user'])]}, segments=segments)
+    _assert_segments_match_reference(on_tensors, per_segment, rho_sh, rho_ns)
+
+    variables = {k: tf.Variable(v) for k, v in stacked.items()}
+    on_variables = optimizer.sam_gradients(
+        lambda: _segment_losses(*variables.values()),
+        {'global': [variables[k] for k in ('table', 'kernel', 'bias')],
+         'local': [variables['user']]}, segments=segments)
+    assert isinstance(on_variables.gradients['global'][0], tf.IndexedSlices)
+    _assert_segments_match_reference(on_variables, per_segment, rho_sh, rho_ns)
+    for name, value in variables.items():
+        assert value.numpy().tobytes() == stacked[name].tobytes(), name
+    # One norm over all the problems is another computation.
+    joint = optimizer.sam_gradients_at(
+        lambda p: tf.reduce_sum(_segment_losses(*p['global'], *p['local'])),
+        {'global': [tf.constant(stacked[k]) for k in ('table', 'kernel', 'bias')],
+         'local': [tf.constant(stacked['user'])]})
+    assert np.abs(joint.gradients['global'][1].numpy()
+                  - on_tensors.gradients['global'][1].numpy()).max() > 1e-4
+
+
+def test_sam_gradients_at_in_a_while_loop():
+    """The tensor form writes nothing, so it runs in a `tf.while_loop` body."""
+    values = _initial_values()
+    optimizer = sam.SharpnessAwareMinimization(rho={'global': 0.1, 'local': 0.5})
+
+    @tf.function
+    def two_sgd_steps(point):
+        def body(step, point):
+            grads = optimizer.sam_gradients_at(_point_loss, point).gradients
+            return step + 1, {name: [x - 0.1 * g for x, g in zip(point[name], grads[name])]
+                              for name in point}
+        return tf.while_loop(lambda step, _: step < 2, body, (tf.constant(0), point))[1]
+
+    got = two_sgd_steps(_point(values))
+    expected = dict(values)
+    for _ in range(2):
+        ref_sh, ref_ns, _, _ = _ref_sam(expected, 0.1, 0.5)
+        expected = collections.OrderedDict(
+            (k, expected[k] - 0.1 * g) for k, g in zip(expected, ref_sh + ref_ns))
+    _assert_close([x.numpy() for x in got['global'] + got['local']], list(expected.values()))
+
+
+def test_segments_must_match_groups():
+    optimizer = sam.SharpnessAwareMinimization(rho={'global': 0.1, 'local': 0.1})
+    point = _point(_initial_values())
+    for row_ids in ({'global': [None]}, {'other': [None]}):
+        with pytest.raises(ValueError):
+            optimizer.sam_gradients_at(_point_loss, point,
+                                       segments=sam.NormSegments(count=1, row_ids=row_ids))
+    with pytest.raises(ValueError):
+        optimizer.sam_gradients_at(_point_loss, {'other': point['local']})
+
+
+def test_client_update_runs_the_optimizer(monkeypatch):
+    """FedRecGEL's client update takes its SAM passes from this optimizer."""
+    from tff_fedrecgel.algorithms import client_update  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.models import neumf  # pylint: disable=g-import-not-at-top
+
+    calls = []
+    original = sam.SharpnessAwareMinimization.sam_gradients_at
+
+    def spy(self, loss_fn, point, *, segments=None):
+        calls.append((dict(self.rho), sorted(point), segments.count))
+        return original(self, loss_fn, point, segments=segments)
+
+    monkeypatch.setattr(sam.SharpnessAwareMinimization, 'sam_gradients_at', spy)
+    config = neumf.ModelConfig(num_items=10, gmf_dim=2, mlp_dim=4, mlp_layers=(4, 2))
+    work = client_update.ClientWorkConfig(rho_sh=0.3, rho_ns=0.7, local_state='reconstruct')
+    update = client_update.build_client_update(config, work, single_user=True)
+    weights = [v.numpy() for v in neumf.NeuMF(config).global_variables]
+    data = collections.OrderedDict(items=np.array([1, 4, 4, 7], np.int32),
+                                   labels=np.array([1, 0, 1, 0], np.float32))
+    out = update.fn(weights, None, data)
+    assert len(calls) == 1
+    rho, groups, count = calls[0]
+    assert rho == {'global': 0.3, 'local': 0.7} and groups == ['global', 'local']
+    assert int(count) == 1
+    assert np.isfinite(out['metrics']['sam_loss_global'].numpy())
+
+
+# ----------------------------------------------------------------------------
+# The example of docs/API.md: SAM in a TFF client work on a Keras model.
+# ----------------------------------------------------------------------------
+
+API_DOC = pathlib.Path(__file__).resolve().parents[1] / 'docs' / 'API.md'
+
+
+def _api_doc_example() -> str:
+    text = API_DOC.read_text()
+    section = text[text.index('## SAM in your own TFF client work'):]
+    start = section.index('```python\n') + len('```python\n')
+    return section[start:section.index('\n```', start)]
+
+
+def test_api_doc_example_runs_and_is_sam(tmp_path):
+    """The docs' block runs as written; it trains; a client's update is SAM + SGD by hand."""
+    script = tmp_path / 'sam_example.py'  # A file, so AutoGraph can read the source.
+    script.write_text(_api_doc_example())
+    example = runpy.run_path(str(script))
+    process, client_data = example['process'], example['client_data']
+    initial = process.initialize()
+    trained = initial
+    for _ in range(3):
+        trained = process.next(trained, [client_data(0, 12), client_data(1, 8)]).state
+
+    def mse(weights, dataset):
+        model = example['build_model']()
+        for var, value in zip(model.trainable_variables, weights):
+            var.assign(value)
+        batches = list(dataset.unbatch().batch(1000))
+        return float(tf.reduce_mean(tf.square(model(batches[0]['x']) - batches[0]['y'])))
+
+    data = client_data(0, 12)
+    initial_weights = initial.global_model_weights.trainable
+    assert mse(trained.global_model_weights.trainable, data) < 0.9 * mse(initial_weights, data)
+
+    # One client's upload against SAM and SGD written out with a tape.
+    result = example['client_update'](initial.global_model_weights, data)
+    weights = [tf.constant(w) for w in initial_weights]
+    model = example['build_model']()
+    rho, lr = example['RHO'], example['CLIENT_LR']
+
+    def gradient(at, batch):
+        for var, value in zip(model.trainable_variables, at):
+            var.assign(value)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(batch['x']) - batch['y']))
+        return tape.gradient(loss, model.trainable_variables)
+
+    plain = list(weights)
+    for batch in data:
+        g = gradient(weights, batch)
+        norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(x)) for x in g]))
+        sam_g = gradient([w + rho * x / (norm + EPSILON) for w, x in zip(weights, g)], batch)
+        weights = [w - lr * x for w, x in zip(weights, sam_g)]
+        plain = [w - lr * x for w, x in zip(plain, gradient(plain, batch))]
+    _assert_close(result.update, [a - b.numpy() for a, b in zip(initial_weights, weights)])
+    assert result.update_weight == 12
+    # SAM, not plain SGD: the two uploads differ.
+    assert max(np.abs(u - (a - p.numpy())).max()
+               for u, a, p in zip(result.update, initial_weights, plain)) > 1e-4

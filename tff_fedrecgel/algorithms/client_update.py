@@ -15,9 +15,11 @@ steps 3-8):
    rho_ns along the user's own normalized local gradient;
 4. one step of the user's local Adam on the user embedding.
 
-To perturb each user's global part separately, every user gets its own copy
-of the dense layers (`[G, ...]`) and of the item embedding rows it touches
-(one row per distinct (user, item) pair). The group uploads the weighted
+Steps 1-3 are the Keras SAM optimizer's (`optimizers/sam.py`,
+`SharpnessAwareMinimization.sam_gradients_at`), with each user of the group a
+norm segment of its own. To perturb each user's global part separately, every
+user gets its own copy of the dense layers (`[G, ...]`) and of the item
+embedding rows it touches (one row per distinct (user, item) pair). The group uploads the weighted
 mean of its users' updates with their summed weight, so the server's
 weighted mean over TFF clients is the mean over users whatever the grouping.
 """
@@ -213,10 +215,6 @@ def _per_user(values: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
     return tf.reshape(values, [-1] + [1] * (like.shape.rank - 1))
 
 
-def _per_user_sum(values: tf.Tensor) -> tf.Tensor:
-    return tf.reduce_sum(tf.reshape(values, [tf.shape(values)[0], -1]), axis=1)
-
-
 def _per_user_finite(values: tf.Tensor) -> tf.Tensor:
     return tf.reduce_all(tf.math.is_finite(tf.reshape(values, [tf.shape(values)[0], -1])),
                          axis=1)
@@ -245,52 +243,45 @@ class _Copies(NamedTuple):
     dense: list  # [G, ...] per dense weight.
 
 
-def _sam_step(model_config, work, keys, position, local, copies, labels, weights):
-    """Steps 4-6 (docs/ALGORITHM.md) for every user of the group at once.
+def build_sam_optimizer(work: ClientWorkConfig) -> sam.SharpnessAwareMinimization:
+    """The client work's Keras SAM optimizer: 'global' at rho_sh, 'local' at rho_ns."""
+    return sam.SharpnessAwareMinimization(rho={'global': work.rho_sh, 'local': work.rho_ns})
+
+
+def _sam_step(model_config, optimizer, keys, position, local, copies, labels, weights):
+    """steps 4-6 (docs/ALGORITHM.md) for every user of the group at once, by the SAM optimizer.
+
+    The point has two groups: 'global' (the users' copies of the item rows,
+    then of the dense layers) and 'local' (the user embeddings); each user is
+    a segment of its own, so its norm and step are its own.
 
     Returns:
       `(losses, sam_losses_global, sam_losses_local, local_grads,
       global_grads)`: per-user losses `[G]`, the local part's SAM gradients
       and the global part's as `_Copies`.
     """
-    num_users = tf.shape(local[0])[0]
+    num_tables = len(copies.rows)
 
-    def losses_at(local, copies):
-        rows = [tf.gather(r, position) for r in copies.rows]
-        return local_training.group_losses(model_config, local, rows, copies.dense,
-                                           labels, weights)
+    def losses_at(point):
+        rows = [tf.gather(r, position) for r in point['global'][:num_tables]]
+        return local_training.group_losses(model_config, point['local'], rows,
+                                           point['global'][num_tables:], labels, weights)
 
-    def gradients(local, copies, wrt):
-        with tf.GradientTape() as tape:
-            tape.watch(wrt)
-            losses = losses_at(local, copies)
-            total = tf.reduce_sum(losses)
-        grads = tape.gradient(total, wrt)
-        return losses, tf.nest.map_structure(tf.convert_to_tensor, grads)
-
-    losses, (g_local, g_global) = gradients(local, copies, (local, copies))
-    sam_global_losses, sam_global = losses, g_global
-    if not sam.is_static_zero(work.rho_sh):
-        squares = tf.math.unsorted_segment_sum(
-            tf.add_n([tf.reduce_sum(tf.square(g), axis=1) for g in g_global.rows]),
-            keys.user, num_users) + tf.add_n([_per_user_sum(tf.square(g))
-                                             for g in g_global.dense])
-        scale = sam.perturbation_scale(squares, work.rho_sh)
-        row_scale = tf.gather(scale, keys.user)[:, tf.newaxis]
-        perturbed = _Copies(
-            [r + row_scale * g for r, g in zip(copies.rows, g_global.rows)],
-            [d + _per_user(scale, d) * g for d, g in zip(copies.dense, g_global.dense)])
-        sam_global_losses, sam_global = gradients(local, perturbed, perturbed)
-    sam_local_losses, sam_local = losses, g_local
-    if not sam.is_static_zero(work.rho_ns):
-        squares = tf.add_n([tf.reduce_sum(tf.square(g), axis=1) for g in g_local])
-        scale = sam.perturbation_scale(squares, work.rho_ns)[:, tf.newaxis]
-        perturbed = [x + scale * g for x, g in zip(local, g_local)]
-        sam_local_losses, sam_local = gradients(perturbed, copies, perturbed)
-    return losses, sam_global_losses, sam_local_losses, sam_local, sam_global
+    # The copied item rows belong to the user of their (user, item) pair; the
+    # dense copies and the embeddings are `[G, ...]`.
+    segments = sam.NormSegments(
+        count=tf.shape(local[0])[0],
+        row_ids={'global': [keys.user] * num_tables + [None] * len(copies.dense)})
+    result = optimizer.sam_gradients_at(
+        losses_at, {'global': list(copies.rows) + list(copies.dense), 'local': list(local)},
+        segments=segments)
+    sam_global = result.gradients['global']
+    return (result.loss, result.perturbed_losses['global'], result.perturbed_losses['local'],
+            result.gradients['local'], _Copies(sam_global[:num_tables], sam_global[num_tables:]))
 
 
-def _local_epochs(model_config, work, keys, items, labels, lengths, local, adam, copies):
+def _local_epochs(model_config, work, optimizer, keys, items, labels, lengths, local, adam,
+                  copies):
     """'model_delta': `local_epochs` epochs of SAM steps over minibatches.
 
     Every user steps through its own chunks of `chunk_size` examples (the
@@ -316,7 +307,7 @@ def _local_epochs(model_config, work, keys, items, labels, lengths, local, adam,
         weights = tf.where(valid, 1.0 / tf.cast(tf.maximum(size, 1), tf.float32)[:, tf.newaxis],
                            0.0)
         losses, loss_sh, loss_ns, g_local, g_global = _sam_step(
-            model_config, work, keys, keys.position[:, start:end], local, copies,
+            model_config, optimizer, keys, keys.position[:, start:end], local, copies,
             labels[:, start:end], weights)
         # Inactive users have zero gradients: SGD leaves them; Adam must not step.
         copies = _Copies([r - work.client_lr * g for r, g in zip(copies.rows, g_global.rows)],
@@ -338,6 +329,7 @@ def _local_epochs(model_config, work, keys, items, labels, lengths, local, adam,
 
 def _group_update(model_config: neumf.ModelConfig, work: ClientWorkConfig):
     num_items = model_config.num_items
+    optimizer = build_sam_optimizer(work)
 
     def update(global_weights, state, data):
         global_weights = [tf.convert_to_tensor(w) for w in global_weights]
@@ -363,11 +355,11 @@ def _group_update(model_config: neumf.ModelConfig, work: ClientWorkConfig):
                           for d in dense])
         if work.update == 'gradient':
             losses, loss_sh, loss_ns, g_local, user_update = _sam_step(
-                model_config, work, keys, keys.position, local, copies, labels, weights)
+                model_config, optimizer, keys, keys.position, local, copies, labels, weights)
             adam, new_local = local_training.adam_step(adam, local, g_local, work.local_lr)
         else:
             new_local, adam, final, (losses, loss_sh, loss_ns) = _local_epochs(
-                model_config, work, keys, items, labels, lengths, local, adam, copies)
+                model_config, work, optimizer, keys, items, labels, lengths, local, adam, copies)
             user_update = tf.nest.map_structure(tf.subtract, copies, final)
 
         finite = tf.reduce_all(tf.stack(

@@ -7,18 +7,32 @@ at the point where only that group is moved along its own normalized gradient,
     sam_grad_g = grad_g L(w_g + e_g, w_rest),
 
 the norm taken jointly over all the group's tensors. The groups are perturbed
-separately, never jointly, and each perturbation is undone exactly (the saved
-values are restored, not subtracted) before the next pass. A group with a
+separately, never jointly, each from the unperturbed point. A group with a
 Python radius of 0 takes the plain gradient and costs no extra pass.
 
+`SharpnessAwareMinimization` runs these passes in two forms, with one
+implementation of the norm, the step e and the second gradient:
+
+* on variables (`sam_gradients`, and `minimize`, which then applies each
+  group's base optimizer): e is added in place and undone exactly (the saved
+  values are restored, not subtracted); embedding (IndexedSlices) gradients
+  are handled sparsely, only the touched rows are moved and restored;
+* on tensors (`sam_gradients_at`): the loss is a function of the point and
+  nothing is written, so it runs in any trace, a TFF computation or a
+  `tf.while_loop` body (FedRecGEL's client update runs it).
+
+Both can split the norm into segments (`NormSegments`): a group that holds
+many independent models stacked on a leading axis (the users of a TFF client
+that stands for a group of users) gets each model's own norm and step, the
+loss then being one value per segment.
+
 Keras 2.14's own SharpnessAwareMinimization only works through `Model.fit`
-and cannot sum embedding (IndexedSlices) gradients; this optimizer takes a
-callable loss, as TFF client work needs, and handles IndexedSlices sparsely:
-only the touched embedding rows are perturbed and restored.
+and cannot sum embedding gradients; this optimizer takes a callable loss, as
+TFF client work needs.
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple, Union
+from typing import Any, NamedTuple, Union
 
 import tensorflow as tf
 
@@ -32,12 +46,8 @@ def perturbation_scale(squared_norm: tf.Tensor, rho: Radius,
                        epsilon: float = EPSILON) -> tf.Tensor:
     """The factor `rho / (||g|| + epsilon)` that turns g into SAM's step e.
 
-    The one place SAM's perturbation is computed: this optimizer applies it to
-    a model's variables, the client update (`algorithms/client_update.py`) to
-    each user of a group with a vector of squared norms.
-
     Args:
-      squared_norm: `||g||^2` of a variable group (any shape: one per user).
+      squared_norm: `||g||^2` of a variable group (any shape: one per segment).
       rho: The radius.
       epsilon: Added to the norm.
 
@@ -57,16 +67,40 @@ class SamGradients(NamedTuple):
 
     Attributes:
       gradients: Per group, the SAM gradients (plain gradients for rho = 0), one
-        per variable, in the group's variable order.
-      loss: The loss at the unperturbed weights.
-      perturbed_losses: Per group, the loss at the perturbed point (equal to
-        `loss` for a group with rho = 0). `perturbed_losses[g] - loss` is the
+        per variable or tensor, in the group's order.
+      loss: The loss at the unperturbed point (what the loss function returns:
+        a scalar, or one loss per segment).
+      perturbed_losses: Per group, the loss at the perturbed point (`loss`
+        itself for a group with rho = 0). `perturbed_losses[g] - loss` is the
         sharpness of the loss along group g's ascent direction.
     """
 
     gradients: dict[str, list[Gradient]]
     loss: tf.Tensor
     perturbed_losses: dict[str, tf.Tensor]
+
+
+class NormSegments(NamedTuple):
+    """SAM with one norm, and one step, per segment of every group.
+
+    Attributes:
+      count: The number of segments S (an int or a scalar tensor).
+      row_ids: Optional, per group name, one entry per tensor of the group:
+        an int vector giving the segment of each slice along the tensor's axis
+        0, or None for a tensor whose axis 0 is the segment axis (`[S, ...]`).
+        Every tensor of a group not named here is `[S, ...]`. For a sparse
+        (IndexedSlices) gradient the entry applies to the rows it indexes.
+    """
+
+    count: Any
+    row_ids: Mapping[str, Sequence[Any]] | None = None
+
+
+class _Piece(NamedTuple):
+    """One gradient: dense values, or the summed rows of a sparse one."""
+
+    values: tf.Tensor
+    indices: tf.Tensor | None  # The rows' indices for a sparse gradient.
 
 
 def _unique_rows(gradient: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
@@ -76,11 +110,112 @@ def _unique_rows(gradient: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
     return unique, rows
 
 
+def _pieces(grads: Sequence[Gradient | None]) -> list[_Piece | None]:
+    pieces = []
+    for grad in grads:
+        if grad is None:
+            pieces.append(None)
+        elif isinstance(grad, tf.IndexedSlices):
+            indices, rows = _unique_rows(grad)
+            pieces.append(_Piece(rows, indices))
+        else:
+            pieces.append(_Piece(grad, None))
+    return pieces
+
+
+def _row_sums(values: tf.Tensor) -> tf.Tensor:
+    """Sums every slice along axis 0: `[R, ...] -> [R]`."""
+    if values.shape.rank == 2:
+        return tf.reduce_sum(values, axis=1)
+    return tf.reduce_sum(tf.reshape(values, [tf.shape(values)[0], -1]), axis=1)
+
+
+def _row_segments(piece: _Piece, ids) -> tf.Tensor | None:
+    """The segment of each row of a piece; None when its rows are the segments."""
+    if piece.indices is None:
+        return ids
+    return piece.indices if ids is None else tf.gather(ids, piece.indices)
+
+
+def _squared_norm(pieces, ids, count) -> tf.Tensor:
+    """`||g||^2` of a group: a scalar, or `[count]` with segments."""
+    if count is None:
+        squares = [tf.reduce_sum(tf.square(p.values)) for p in pieces if p is not None]
+        return tf.add_n(squares) if squares else tf.constant(0.0)
+    # Rows that share one segment vector are added before their segment sum.
+    by_ids, leading = [], []
+    for piece, piece_ids in zip(pieces, ids):
+        if piece is None:
+            continue
+        rows = _row_sums(tf.square(piece.values))
+        segment = _row_segments(piece, piece_ids)
+        if segment is None:
+            leading.append(rows)
+            continue
+        shared = next((entry for entry in by_ids if entry[0] is segment), None)
+        if shared is None:
+            by_ids.append((segment, [rows]))
+        else:
+            shared[1].append(rows)
+    parts = [tf.math.unsorted_segment_sum(tf.add_n(rows), segment, count)
+             for segment, rows in by_ids]
+    if leading:
+        parts.append(tf.add_n(leading))
+    if not parts:
+        return tf.zeros([count])
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
+
+
+def _ascent_steps(pieces, scale: tf.Tensor, ids, count) -> list[tf.Tensor | None]:
+    """SAM's step e for each piece: its gradient times its segment's scale."""
+    if count is None:
+        return [None if p is None else p.values * scale for p in pieces]
+    gathered = []  # (segment vector, its rows' scales): one gather per vector.
+    steps = []
+    for piece, piece_ids in zip(pieces, ids):
+        if piece is None:
+            steps.append(None)
+            continue
+        segment = _row_segments(piece, piece_ids)
+        if segment is None:
+            row_scale = scale
+        else:
+            row_scale = next((s for seg, s in gathered if seg is segment), None)
+            if row_scale is None:
+                row_scale = tf.gather(scale, segment)
+                gathered.append((segment, row_scale))
+        rank = piece.values.shape.rank
+        steps.append(tf.reshape(row_scale, [-1] + [1] * (rank - 1)) * piece.values)
+    return steps
+
+
+def _total(loss: tf.Tensor) -> tf.Tensor:
+    """What is differentiated: the loss, or the sum of the segments' losses."""
+    return loss if loss.shape.rank == 0 else tf.reduce_sum(loss)
+
+
+def _dense(grads, like) -> list[tf.Tensor]:
+    return [tf.zeros_like(x) if g is None else tf.convert_to_tensor(g)
+            for g, x in zip(grads, like)]
+
+
+def _split(flat: Sequence, groups: Mapping[str, Sequence]) -> dict[str, list]:
+    out, start = {}, 0
+    for name, members in groups.items():
+        out[name] = list(flat[start : start + len(members)])
+        start += len(members)
+    return out
+
+
 class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
     """SAM over named variable groups, each with its own radius and optimizer.
 
-    `sam_gradients` computes the SAM gradients of every group; `minimize`
-    additionally applies them with each group's base optimizer.
+    `sam_gradients` (variables) and `sam_gradients_at` (tensors) compute the
+    SAM gradients of every group; `minimize` additionally applies them with
+    each group's base optimizer.
     """
 
     def __init__(
@@ -115,88 +250,148 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
             raise ValueError(f'base optimizers for groups without a radius: {unknown}')
         self.epsilon = epsilon
 
+    def _check(self, groups: Mapping[str, Sequence], segments: NormSegments | None):
+        missing = set(groups) - set(self.rho)
+        if missing:
+            raise ValueError(f'no radius for variable groups {sorted(missing)}')
+        row_ids = (segments.row_ids or {}) if segments is not None else {}
+        for name, ids in row_ids.items():
+            if name not in groups or len(ids) != len(groups[name]):
+                raise ValueError(f'segments.row_ids[{name!r}] needs one entry per tensor '
+                                 'of that group')
+
     def sam_gradients(
         self,
         loss_fn: Callable[[], tf.Tensor],
         var_groups: Mapping[str, Sequence[tf.Variable]],
+        *,
+        segments: NormSegments | None = None,
     ) -> SamGradients:
-        """Computes the SAM gradient of every group (docs/ALGORITHM.md, steps 4-6).
+        """Computes the SAM gradient of every group of variables (steps 4-6 (docs/ALGORITHM.md)).
 
         Args:
-          loss_fn: Computes the scalar loss from the current variable values.
+          loss_fn: Computes the loss from the current variable values: a scalar,
+            or with `segments` one loss per segment (their sum is differentiated).
           var_groups: The variables of each group, by group name (every group
             needs a radius).
+          segments: Optional: one norm per segment instead of one per group.
+
+        Returns:
+          A `SamGradients`; embedding gradients stay IndexedSlices.
+
+        Raises:
+          ValueError: If a group has no radius, or `segments` does not match the
+            groups.
+        """
+        self._check(var_groups, segments)
+        all_vars = [v for name in var_groups for v in var_groups[name]]
+        with tf.GradientTape() as tape:
+            loss = loss_fn()
+            total = _total(loss)
+        base = _split(tape.gradient(total, all_vars), var_groups)
+
+        def gradient_at(name, pieces, steps):
+            variables = list(var_groups[name])
+            restores = []
+            for var, piece, step in zip(variables, pieces, steps):
+                if piece is None:
+                    continue
+                if piece.indices is None:
+                    saved = tf.identity(var.read_value())
+                    var.assign_add(step)
+                else:
+                    saved = tf.gather(var, piece.indices)
+                    var.scatter_add(tf.IndexedSlices(step, piece.indices))
+                restores.append((var, piece.indices, saved))
+            with tf.GradientTape(watch_accessed_variables=False) as tape:
+                tape.watch(variables)
+                moved_loss = loss_fn()
+                moved_total = _total(moved_loss)
+            grads = tape.gradient(moved_total, variables)
+            for var, indices, saved in restores:
+                if indices is None:
+                    var.assign(saved)
+                else:
+                    var.scatter_update(tf.IndexedSlices(saved, indices))
+            return moved_loss, list(grads)
+
+        return self._sam_passes(base, loss, gradient_at, segments)
+
+    def sam_gradients_at(
+        self,
+        loss_fn: Callable[[dict[str, list[tf.Tensor]]], tf.Tensor],
+        point: Mapping[str, Sequence[tf.Tensor]],
+        *,
+        segments: NormSegments | None = None,
+    ) -> SamGradients:
+        """Computes the SAM gradient of every group of a point given as tensors.
+
+        The functional form: no variable is read or written, so it can run
+        inside any trace (a TFF computation, a `tf.while_loop` body).
+
+        Args:
+          loss_fn: Maps a point (a dict of lists of tensors, structured like
+            `point`) to the loss: a scalar, or with `segments` one loss per
+            segment (their sum is differentiated).
+          point: The tensors of each group, by group name (every group needs a
+            radius).
+          segments: Optional: one norm per segment instead of one per group.
+
+        Returns:
+          A `SamGradients` with dense gradients (zeros where the loss does not
+          depend on a tensor).
+
+        Raises:
+          ValueError: If a group has no radius, or `segments` does not match the
+            groups.
+        """
+        self._check(point, segments)
+        point = {name: [tf.convert_to_tensor(x) for x in xs] for name, xs in point.items()}
+        flat = [x for name in point for x in point[name]]
+        with tf.GradientTape() as tape:
+            tape.watch(flat)
+            loss = loss_fn(point)
+            total = _total(loss)
+        base = _split(_dense(tape.gradient(total, flat), flat), point)
+
+        def gradient_at(name, pieces, steps):
+            moved = [x if step is None else x + step
+                     for x, piece, step in zip(point[name], pieces, steps)]
+            with tf.GradientTape() as tape:
+                tape.watch(moved)
+                moved_loss = loss_fn({**point, name: moved})
+                moved_total = _total(moved_loss)
+            return moved_loss, _dense(tape.gradient(moved_total, moved), moved)
+
+        return self._sam_passes(base, loss, gradient_at, segments)
+
+    def _sam_passes(self, base, loss, gradient_at, segments) -> SamGradients:
+        """The groups' SAM passes, each from the unperturbed point.
+
+        Args:
+          base: Per group, the gradients at the unperturbed point.
+          loss: The loss there.
+          gradient_at: `(group, pieces, steps) -> (loss, gradients)` at the point
+            where the group is moved by `steps` (the form's own way of moving).
+          segments: The `NormSegments`, or None for one norm per group.
 
         Returns:
           A `SamGradients`.
-
-        Raises:
-          ValueError: If a group has no radius.
         """
-        missing = set(var_groups) - set(self.rho)
-        if missing:
-            raise ValueError(f'no radius for variable groups {sorted(missing)}')
-        names = list(var_groups)
-        all_vars = [v for name in names for v in var_groups[name]]
-        with tf.GradientTape() as tape:
-            loss = loss_fn()
-        flat = tape.gradient(loss, all_vars)
-        base, start = {}, 0
-        for name in names:
-            base[name] = flat[start : start + len(var_groups[name])]
-            start += len(var_groups[name])
-
+        count = None if segments is None else segments.count
+        row_ids = (segments.row_ids or {}) if segments is not None else {}
         gradients, perturbed_losses = {}, {}
-        for name in names:
+        for name, grads in base.items():
             rho = self.rho[name]
-            if is_static_zero(rho) or not var_groups[name]:
-                gradients[name], perturbed_losses[name] = list(base[name]), loss
+            if is_static_zero(rho) or not grads:
+                gradients[name], perturbed_losses[name] = list(grads), loss
                 continue
-            gradients[name], perturbed_losses[name] = self._perturbed_gradient(
-                loss_fn, list(var_groups[name]), base[name], rho
-            )
+            pieces = _pieces(grads)
+            ids = list(row_ids.get(name, [None] * len(grads)))
+            scale = perturbation_scale(_squared_norm(pieces, ids, count), rho, self.epsilon)
+            steps = _ascent_steps(pieces, scale, ids, count)
+            perturbed_losses[name], gradients[name] = gradient_at(name, pieces, steps)
         return SamGradients(gradients, loss, perturbed_losses)
-
-    def _perturbed_gradient(self, loss_fn, variables, grads, rho):
-        """Gradient of one group at its perturbed point; restores the weights."""
-        pieces = []  # (variable, gradient as dense tensor or (indices, rows))
-        squared = []
-        for var, grad in zip(variables, grads):
-            if grad is None:
-                continue
-            if isinstance(grad, tf.IndexedSlices):
-                indices, rows = _unique_rows(grad)
-                pieces.append((var, (indices, rows)))
-                squared.append(tf.reduce_sum(tf.square(rows)))
-            else:
-                pieces.append((var, grad))
-                squared.append(tf.reduce_sum(tf.square(grad)))
-        squared_norm = tf.add_n(squared) if squared else tf.constant(0.0)
-        scale = perturbation_scale(squared_norm, rho, self.epsilon)
-
-        restores = []
-        for var, grad in pieces:
-            if isinstance(grad, tuple):
-                indices, rows = grad
-                saved = tf.gather(var, indices)
-                var.scatter_add(tf.IndexedSlices(rows * scale, indices))
-                restores.append((var, indices, saved))
-            else:
-                saved = tf.identity(var.read_value())
-                var.assign_add(grad * scale)
-                restores.append((var, None, saved))
-
-        with tf.GradientTape(watch_accessed_variables=False) as tape:
-            tape.watch(variables)
-            perturbed_loss = loss_fn()
-        sam_grads = tape.gradient(perturbed_loss, variables)
-
-        for var, indices, saved in restores:
-            if indices is None:
-                var.assign(saved)
-            else:
-                var.scatter_update(tf.IndexedSlices(saved, indices))
-        return list(sam_grads), perturbed_loss
 
     def minimize(self, loss, var_list, tape=None):
         """Takes one SAM step: SAM gradients, then each group's base optimizer.
