@@ -24,7 +24,6 @@ summary as one JSON object.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -132,7 +131,7 @@ def _settings(task) -> run_settings.Settings:
     return algo.settings(task)
 
 
-def _privacy(settings: run_settings.Settings, num_users: int):
+def _privacy(settings: run_settings.Settings, num_users: int, clients: int):
     """The run's `PrivacySettings`, checked (imports no TensorFlow)."""
     from tff_fedrecgel.privacy import PrivacySettings  # pylint: disable=g-import-not-at-top
 
@@ -145,17 +144,15 @@ def _privacy(settings: run_settings.Settings, num_users: int):
         # A vectorized client uploads one mean per group of users.
         raise ValueError('DP and secure aggregation act on each user\'s upload; drop '
                          '--simulation=vectorized (auto runs one user per TFF client)')
-    if _DP_NOISE_MULTIPLIER.value is not None and not 0 <= _DP_NOISE_MULTIPLIER.value < math.inf:
-        raise ValueError('--dp_noise_multiplier must be a finite number >= 0, got '
-                         f'{_DP_NOISE_MULTIPLIER.value}')
-    if _DP_CLIP.value is not None and not 0 < _DP_CLIP.value < math.inf:
-        raise ValueError(f'--dp_clip must be a finite positive number, got {_DP_CLIP.value}')
-    if _DP_DELTA.value is not None and not 0 < _DP_DELTA.value < 1:
-        raise ValueError(f'--dp_delta must be in (0, 1), got {_DP_DELTA.value}')
-    privacy = PrivacySettings(
-        noise_multiplier=_DP_NOISE_MULTIPLIER.value, clip=_DP_CLIP.value,
-        adaptive_clip=_DP_ADAPTIVE_CLIP.value, delta=_DP_DELTA.value,
-        secure_aggregation=_SECURE_AGGREGATION.value)
+    try:
+        privacy = PrivacySettings(
+            noise_multiplier=_DP_NOISE_MULTIPLIER.value, clip=_DP_CLIP.value,
+            adaptive_clip=_DP_ADAPTIVE_CLIP.value, delta=_DP_DELTA.value,
+            secure_aggregation=_SECURE_AGGREGATION.value)
+        privacy.check_accounting(clients_per_round=clients, num_users=num_users,
+                                 total_rounds=settings.total_rounds)
+    except run_settings.SettingError as e:
+        raise ValueError(e.flag_message()) from None
     privacy.check_client_weighting(settings.client_weighting)
     privacy.hparams(num_users=num_users)  # Checks the population size.
     return privacy
@@ -223,10 +220,10 @@ def main(argv: list[str]) -> int:
     split = task.load_split(data_dir=settings.data_dir, validation=settings.validation,
                             **settings.data_options)
     try:
-        clients = settings.cohort(split.num_users)
+        clients = settings.check_split(split)
     except run_settings.SettingError as e:
         raise ValueError(e.flag_message()) from None
-    privacy = _privacy(settings, split.num_users)
+    privacy = _privacy(settings, split.num_users, clients)
     hparams = {**settings.hparams(), **privacy.hparams(num_users=split.num_users)}
     if _WORKERS.value and privacy.needs_one_user_per_client:
         raise ValueError('DP and secure aggregation are not supported with --workers')

@@ -55,6 +55,8 @@ class Task:
       tuned: The 'tuned' preset: settings (by their command-line names) that
         replace the paper's protocol where the run does not set them itself,
         chosen on the validation item (docs/RESULTS.md).
+      options_check: ``options_check(options)`` raises `OptionError` on a
+        reader option of the wrong type or out of range (None: no check).
     """
 
     name: str
@@ -70,6 +72,8 @@ class Task:
     option_names: tuple[str, ...] = ()
     data_dir_may_be_file: bool = False
     tuned: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    options_check: Callable[[Mapping[str, Any]], None] | None = dataclasses.field(
+        default=None, repr=False, compare=False)
 
     def preset(self, name: str) -> dict[str, Any]:
         """The settings of a preset: 'paper' (SPEC.md's protocol) or 'tuned'.
@@ -83,15 +87,24 @@ class Task:
             return dict(self.tuned)
         raise DataError(f"unknown preset {name!r}; choose 'paper' or 'tuned'")
 
-    def _check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(options) - set(self.option_names))
+    def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The reader options given (None values dropped), checked.
+
+        Raises:
+          DataError: On an unknown option; `OptionError` on one of the
+            wrong type or out of range.
+        """
+        unknown = sorted(map(str, set(options) - set(self.option_names)))
         if unknown:
             allowed = ', '.join(self.option_names) or 'none'
             raise DataError(
                 f'{self.name}: unknown option(s) {", ".join(unknown)} '
                 f'(allowed: {allowed})')
         # None means "use the reader's default": drop it so keys stay stable.
-        return {k: v for k, v in sorted(options.items()) if v is not None}
+        given = {k: v for k, v in sorted(options.items()) if v is not None}
+        if self.options_check is not None:
+            self.options_check(given)
+        return given
 
     def raw_path(self, data_dir: PathLike | None) -> str | None:
         """The raw file this task reads.
@@ -106,6 +119,9 @@ class Task:
           DataError: If ``data_dir`` or the file is missing.
         """
         if self.raw_file is None:
+            if data_dir is not None:
+                raise DataError(f'{self.name}: the data is generated, it reads no data '
+                                f'directory (got {os.fspath(data_dir)!r})')
             return None
         if data_dir is None or not os.fspath(data_dir):
             raise DataError(
@@ -139,7 +155,7 @@ class Task:
         Raises:
           DataError: On unknown options or bad input.
         """
-        options = self._check_options(options)
+        options = self.check_options(options)
         path = self.raw_path(data_dir)
         if path is None:
             return self.reader(**options)
@@ -160,7 +176,7 @@ class Task:
         Raises:
           DataError: If the raw file is missing.
         """
-        options = self._check_options(options)
+        options = self.check_options(options)
         path = self.raw_path(data_dir)
         return {
             'dataset': self.name,

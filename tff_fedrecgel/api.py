@@ -239,6 +239,7 @@ class Experiment:
         self.settings = run_settings
         self.split = split if split is not None else _load_split(run_settings)
         self.foreign_settings = tuple(foreign_settings)
+        run_settings.check_split(self.split)
         self.simulation = run_settings.build_simulation(self.split)
         self._has_state = False
 

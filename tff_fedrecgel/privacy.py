@@ -27,13 +27,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
-import dp_accounting
-import tensorflow_federated as tff
-import tensorflow_privacy as tfp
+from tff_fedrecgel.run_settings import SettingError
+
+if TYPE_CHECKING:
+    import tensorflow_federated as tff
 
 ACCOUNTANTS = ('rdp', 'pld')
+# The noise multipliers dp_accounting bounds (0: clipping only, epsilon
+# infinite): below, its Renyi orders overflow (OverflowError,
+# ZeroDivisionError); above, its divergences round below zero ("Renyi
+# divergence cannot be negative"). A run's own rounds and sampling are
+# checked by `PrivacySettings.check_accounting`.
+MIN_NOISE_MULTIPLIER = 1e-3
+MAX_NOISE_MULTIPLIER = 1e3
+# An L2 clip beyond this lets clip * noise overflow float32 weights.
+MAX_CLIP = 1e6
 # TFF's secure sum quantizes floats to integers in [0, 2**32 - 1].
 SECURE_SUM_BITS = 32
 # Adaptive secure-sum range of `tff.learning.secure_aggregator`: start at 50,
@@ -92,6 +102,9 @@ def build_dp_aggregator(
         secure aggregation with an adaptive clip, or adaptive parameters TFF
         rejects (a multiplier too large for the count noise).
     """
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    import tensorflow_privacy as tfp  # pylint: disable=g-import-not-at-top
+
     if noise_multiplier < 0 or not math.isfinite(noise_multiplier):
         raise ValueError(f'noise_multiplier must be >= 0, got {noise_multiplier}')
     if clients_per_round < 1:
@@ -158,6 +171,8 @@ def build_secure_aggregator(
     Raises:
       ValueError: If `bound` is not positive.
     """
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
     _quiet_secure_sum_assert_warnings()
     if bound is None:
         value_range = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
@@ -288,6 +303,8 @@ def dp_epsilon(
         return 0.0
     if noise_multiplier == 0:
         return math.inf
+    import dp_accounting  # pylint: disable=g-import-not-at-top
+
     if accountant == 'rdp':
         ledger = dp_accounting.rdp.RdpAccountant()
     else:
@@ -397,17 +414,53 @@ class PrivacySettings:
             if dp_only:
                 raise ValueError(f'{", ".join(dp_only)} needs a DP noise multiplier')
             return
-        if not 0 <= self.noise_multiplier < math.inf:
-            raise ValueError('the DP noise multiplier must be >= 0 and finite')
+        z = self.noise_multiplier
+        if isinstance(z, bool) or not isinstance(z, (int, float)) or not math.isfinite(z):
+            raise SettingError('dp_noise_multiplier', 'must be a finite number', z)
+        if z != 0 and not MIN_NOISE_MULTIPLIER <= z <= MAX_NOISE_MULTIPLIER:
+            raise SettingError(
+                'dp_noise_multiplier', f'must be 0 or in [{MIN_NOISE_MULTIPLIER:g}, '
+                f'{MAX_NOISE_MULTIPLIER:g}] (what the DP accountant bounds)', z)
         if self.clip is None and not self.adaptive_clip:
-            raise ValueError('DP needs a clip (or adaptive clipping)')
-        if self.clip is not None and not 0 < self.clip < math.inf:
-            raise ValueError('the DP clip must be positive and finite')
+            raise SettingError('dp_clip', 'is required with a noise multiplier (unless '
+                               'dp_adaptive_clip)')
+        if self.clip is not None and (
+                isinstance(self.clip, bool) or not isinstance(self.clip, (int, float))
+                or not 0 < self.clip <= MAX_CLIP):
+            raise SettingError('dp_clip', f'must be a finite positive number <= {MAX_CLIP:g}',
+                               self.clip)
         if self.adaptive_clip and self.secure_aggregation:
             raise ValueError('secure aggregation with DP needs a fixed clip, not an '
                              'adaptive one')
-        if self.delta is not None and not 0 < self.delta < 1:
-            raise ValueError('the DP delta must be in (0, 1)')
+        if self.delta is not None and (
+                isinstance(self.delta, bool) or not isinstance(self.delta, (int, float))
+                or not 0 < self.delta < 1):
+            raise SettingError('dp_delta', 'must be in (0, 1)', self.delta)
+
+    def check_accounting(self, *, clients_per_round: int, num_users: int,
+                         total_rounds: int) -> None:
+        """Checks that the accountant bounds epsilon for this run (no TFF).
+
+        Raises:
+          SettingError: If dp_accounting cannot account the run's rounds at
+            its sampling probability.
+        """
+        if not self.dp:
+            return
+        report = PrivacyReport(
+            noise_multiplier=self.noise_multiplier,
+            sampling_probability=clients_per_round / num_users,
+            delta=self.delta or default_delta(num_users=num_users), clip=self.clip,
+            adaptive_clip=self.adaptive_clip)
+        for rounds in (1, total_rounds):
+            try:
+                report.epsilon(rounds)
+            except (ArithmeticError, ValueError) as e:
+                reason = ' '.join(str(e).split())[:80] or type(e).__name__
+                raise SettingError(
+                    'dp_noise_multiplier', f'cannot be accounted over {rounds} rounds at '
+                    f'sampling probability {report.sampling_probability:.3g} '
+                    f'(dp_accounting: {reason})', self.noise_multiplier) from None
 
     @property
     def dp(self) -> bool:
