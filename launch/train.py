@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
+import shutil
 import sys
 import time
 
@@ -215,6 +217,10 @@ def main(argv: list[str]) -> int:
     if experiment is None:
         experiment = f'{task.name}_{settings.algorithm}_seed{settings.seed}'
     program.check_experiment_name(experiment)
+    program.check_output_root(_ROOT_OUTPUT_DIR.value)
+    # A busy folder is said at once, before the data load and the TF import.
+    program.check_not_in_use(root_output_dir=_ROOT_OUTPUT_DIR.value,
+                             experiment_name=experiment)
 
     # Fail on bad data before the slow TF imports.
     split = task.load_split(data_dir=settings.data_dir, validation=settings.validation,
@@ -231,10 +237,34 @@ def main(argv: list[str]) -> int:
         from tff_fedrecgel.simulation.transport import parse_worker_addresses  # pylint: disable=g-import-not-at-top
         parse_worker_addresses(_WORKERS.value)
 
+    folder = (pathlib.Path(_ROOT_OUTPUT_DIR.value) / experiment).absolute()
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
     with program.lock_experiment(root_output_dir=_ROOT_OUTPUT_DIR.value,
                                  experiment_name=experiment) as paths:
         program.check_hparams(paths, hparams)
-        return _train(task, settings, hparams, split, clients, privacy, paths)
+        try:
+            return _train(task, settings, hparams, split, clients, privacy, paths)
+        except Exception as e:
+            if created and not program.has_checkpoint(paths):
+                # Nothing was trained: leave no folder that would refuse the
+                # corrected command as "a run with other settings".
+                _remove_created(created)
+            elif isinstance(e, program.TrainingStoppedError):
+                raise program.TrainingStoppedError(
+                    f'{e}; {paths.root} keeps this run\'s settings, so run a changed '
+                    'command under another --experiment_name') from None
+            raise
+
+
+def _remove_created(created: list[pathlib.Path]) -> None:
+    """Removes the experiment folder (`created[0]`), then the parents this
+    run created, while they are empty."""
+    shutil.rmtree(created[0], ignore_errors=True)
+    for parent in created[1:]:
+        try:
+            parent.rmdir()
+        except OSError:
+            break
 
 
 def _train(task, settings: run_settings.Settings, hparams: dict, split, clients: int,

@@ -133,7 +133,11 @@ class Task:
         if not os.path.exists(data_dir):
             raise DataError(f'{data_dir}: data directory not found')
         if not os.path.isdir(data_dir):
-            raise DataError(f'{data_dir}: not a directory (it must hold '
+            from tff_fedrecgel.data.loaders import file_kind  # pylint: disable=g-import-not-at-top
+
+            kind = file_kind(data_dir) or 'a file'
+            expected = 'a folder or the file itself' if self.data_dir_may_be_file else 'a folder'
+            raise DataError(f'{data_dir}: is {kind}, expected {expected} (holding '
                             f'{self.raw_file})')
         path = os.path.join(data_dir, self.raw_file)
         if not os.path.exists(path):

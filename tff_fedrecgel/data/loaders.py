@@ -36,8 +36,25 @@ _FILMTRUST_BASE_SCALE = 1_000_000
 _INT_RE = r'[+-]?\d+'
 
 
+def file_kind(path: PathLike) -> str | None:
+    """What a path that is neither a folder nor a regular file is, in words
+    ('a FIFO', 'a character device', ...), or None if it is one of those."""
+    import stat  # pylint: disable=g-import-not-at-top
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    for test, name in ((stat.S_ISFIFO, 'a FIFO (named pipe)'),
+                       (stat.S_ISCHR, 'a character device'),
+                       (stat.S_ISBLK, 'a block device'), (stat.S_ISSOCK, 'a socket')):
+        if test(mode):
+            return name
+    return None
+
+
 def check_file(path: PathLike) -> str:
-    """Checks that ``path`` is an existing, non-empty regular file.
+    """Checks that ``path`` is an existing, non-empty, readable regular file.
 
     Args:
       path: The file to check.
@@ -46,14 +63,23 @@ def check_file(path: PathLike) -> str:
       The path as a string.
 
     Raises:
-      DataError: If the file is missing, is a directory or is empty.
+      DataError: If the file is missing, is a directory or another kind of
+        file (a FIFO, a device), is empty or cannot be read.
     """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise DataError(f'{path}: file not found')
     if os.path.isdir(path):
         raise DataError(f'{path}: is a directory, expected a file')
-    if os.path.getsize(path) == 0:
+    kind = file_kind(path)
+    if kind is not None:
+        raise DataError(f'{path}: is {kind}, expected a regular file')
+    try:
+        with open(path, 'rb') as f:
+            first = f.read(1)
+    except OSError as e:
+        raise DataError(f'{path}: cannot read ({e.strerror or e})') from None
+    if not first:
         raise DataError(f'{path}: file is empty')
     return path
 

@@ -156,6 +156,29 @@ def _make_dir(output_dir: str) -> None:
         raise DataError(f'{output_dir}: output directory is not writable')
 
 
+def check_writable_dir(output_dir: str) -> None:
+    """Checks that `output_dir` is, or can be created as, a writable folder,
+    without creating anything.
+
+    Raises:
+      DataError: If it is a file, or its nearest existing parent is not a
+        writable folder.
+    """
+    path = os.path.abspath(output_dir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise DataError(f'{output_dir}: not a directory (a file is in the way)')
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise DataError(f'{output_dir}: cannot create the output directory ({existing} '
+                        'is not a directory)')
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise DataError(f'{output_dir}: output directory is not writable' if existing == path
+                        else f'{output_dir}: cannot create the output directory '
+                        f'({existing} is not writable)')
+
+
 def _write_atomic(path: str, data: bytes) -> None:
     tmp = f'{path}.tmp'
     try:
@@ -361,7 +384,9 @@ def load_or_compute(output_dir: PathLike, *, key: Mapping[str, Any],
                          output_dir)
         except DataError as e:
             _logger.info('Cached split is unusable (%s); recomputing', e)
-    _make_dir(output_dir)  # Fail on an unwritable folder before the work.
+    # Fail on an unwritable folder before the work, creating nothing: bad
+    # data must leave no folder behind.
+    check_writable_dir(output_dir)
     split = compute()
     write_split(split, output_dir, key=key)
     return split, False
