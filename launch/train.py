@@ -288,9 +288,12 @@ def _train(task, settings: run_settings.Settings, hparams: dict, split, clients:
                                     model_aggregator=aggregator, workers=_WORKERS.value)
     logging.info('built the TFF process in %.1f s', time.perf_counter() - start)
     # Everything is checked: record the settings (a resumed run must match).
-    program.prepare_experiment(
-        root_output_dir=paths.root.parent, experiment_name=paths.root.name,
-        hparams=hparams)
+    # Without hparams.json but with checkpoints, the training program checks
+    # the checkpoint's own record first and rebuilds the file from it.
+    if paths.hparams.exists() or not program.has_checkpoint(paths):
+        program.prepare_experiment(
+            root_output_dir=paths.root.parent, experiment_name=paths.root.name,
+            hparams=hparams)
     print(f'outputs: {paths.root}', flush=True)
     print(f'view the curves: {_entry.tensorboard_command(paths.tensorboard)}',
           flush=True)

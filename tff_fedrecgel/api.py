@@ -233,6 +233,9 @@ class Experiment:
           DataError: On bad data.
           ValueError: On inconsistent settings.
         """
+        # Building imports TFF, whose default context fails noisily when
+        # collected at the interpreter's exit unless the hook replaces it.
+        _register_exit_hook()
         root = pathlib.Path(run_dir).expanduser().resolve()
         outputs.check_experiment_name(root.name)
         self.paths = outputs.ExperimentPaths(root)
@@ -297,8 +300,11 @@ class Experiment:
         with program.lock_experiment(root_output_dir=self.paths.root.parent,
                                      experiment_name=self.paths.root.name) as paths:
             program.check_hparams(paths, hparams)
-            program.prepare_experiment(root_output_dir=paths.root.parent,
-                                       experiment_name=paths.root.name, hparams=hparams)
+            if paths.hparams.exists() or not program.has_checkpoint(paths):
+                # Else the training program checks the checkpoint's own
+                # record and rebuilds hparams.json from it.
+                program.prepare_experiment(root_output_dir=paths.root.parent,
+                                           experiment_name=paths.root.name, hparams=hparams)
             self._has_state = False
             summary = _run_training_here_or_in_thread(run)
         self.settings = run_settings
