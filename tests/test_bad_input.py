@@ -306,3 +306,180 @@ def test_good_inputs_pass_the_same_checks(matrix):
     _, good, _, outcomes = matrix
     wrong = [(argv, o) for (argv, _), o in zip(good, outcomes) if o['outcome'] != 'accepted']
     assert not wrong, wrong
+
+
+# --------------------------------------------------------------------------
+# Cases that need a run.
+
+_SMALL_RUN = ['--task=synthetic', '--num_users=60', '--progress=false',
+              '--rounds_per_checkpoint=1']
+
+
+def _train(args, cwd, timeout=300):
+    proc = subprocess.run([sys.executable, str(TRAIN), *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=timeout, check=False,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _last_line(output):
+    return output.strip().splitlines()[-1]
+
+
+def _simulation(num_users=40, seed=0):
+    from tff_fedrecgel import api
+
+    split = api.prepare_data('synthetic', num_users=num_users, num_items=300, seed=seed)
+    return api.settings('synthetic', clients_per_round=5).build_simulation(split)
+
+
+def _run(simulation, folder, hparams, total_rounds):
+    from tff_fedrecgel import program
+
+    with program.lock_experiment(root_output_dir=folder.parent,
+                                 experiment_name=folder.name) as paths:
+        if not program.has_checkpoint(paths):  # As launch/train.py and the API.
+            program.prepare_experiment(root_output_dir=folder.parent,
+                                       experiment_name=folder.name, hparams=hparams)
+        return program.run_training(simulation, paths=paths, total_rounds=total_rounds,
+                                    rounds_per_checkpoint=1, hparams=hparams,
+                                    progress=False)
+
+
+def test_checkpoint_knows_its_settings(tmp_path, capfd):
+    """With hparams.json deleted, a changed rate is refused by the
+    checkpoint's own record (naming the setting, writing no hparams.json),
+    and the run's own settings resume with hparams.json rebuilt."""
+    from tff_fedrecgel.program import run_record
+
+    simulation, folder = _simulation(), tmp_path / 'run'
+    hparams = {'task': 'synthetic', 'local_lr': 0.1, 'total_rounds': 2}
+    _run(simulation, folder, hparams, 2)
+    (folder / 'hparams.json').unlink()
+    with pytest.raises(run_record.RunRecordError,
+                       match=r'round 2 belongs to another run: local_lr \(0.1 in the '
+                       r'checkpoint, 0.2 now\)'):
+        _run(simulation, folder, {**hparams, 'local_lr': 0.2}, 3)
+    assert not (folder / 'hparams.json').exists()
+    summary = _run(simulation, folder, {**hparams, 'total_rounds': 3}, 3)
+    assert summary['rounds'] == 3
+    assert json.loads((folder / 'hparams.json').read_text())['total_rounds'] == 3
+    assert 'rebuilt from the checkpoint of round 2' in capfd.readouterr().err
+
+
+def test_checkpoint_knows_its_data(tmp_path):
+    """Other data of the same shape (another generator seed) is refused."""
+    from tff_fedrecgel.program import run_record
+
+    folder, hparams = tmp_path / 'run', {'task': 'synthetic'}
+    _run(_simulation(seed=0), folder, hparams, 1)
+    with pytest.raises(run_record.RunRecordError, match='belongs to another run: the data'):
+        _run(_simulation(seed=1), folder, hparams, 2)
+
+
+def test_csv_file_replaced_is_other_data(tmp_path):
+    """The fingerprint follows the file's contents, not its name or shape."""
+    from tff_fedrecgel import api
+    from tff_fedrecgel.data import split_io
+    from tff_fedrecgel.data.synthetic import generate_synthetic
+
+    frame = generate_synthetic(num_users=60, seed=0)
+    data = tmp_path / 'ratings.csv'
+
+    def fingerprint():
+        return split_io.split_fingerprint(api.prepare_data(
+            'csv', data_dir=data, timestamp_col='timestamp'))
+
+    frame.to_csv(data, index=False)
+    first = fingerprint()
+    assert fingerprint() == first
+    frame.assign(item=(frame['item'] * 7 + 3) % 400).to_csv(data, index=False)
+    assert fingerprint() != first
+
+
+def test_run_stopped_in_its_first_round_leaves_no_folder(tmp_path):
+    """Weights non-finite in round 1 (a radius of 1e308): one line, and no
+    folder (nor the parents it created) to refuse the corrected command."""
+    root = tmp_path / 'a' / 'b'
+    code, output = _train([*_SMALL_RUN, '--total_rounds=2', '--rho_sh=1e308',
+                           f'--root_output_dir={root}'], tmp_path)
+    assert code == 2, output
+    assert _last_line(output).startswith('error: round 1:'), output
+    assert not (tmp_path / 'a').exists()
+
+
+def test_prepare_data_checks_before_creating_its_folder(tmp_path):
+    data = tmp_path / 'r.csv'
+    data.write_text('user,item\n1,2,3\n')
+    proc = subprocess.run(
+        [sys.executable, str(REPO / 'launch' / 'prepare_data.py'), '--task=csv',
+         f'--data_dir={data}', f'--output_dir={tmp_path / "out"}'],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and 'line 2 has 3 fields' in proc.stderr, proc.stderr
+    assert not (tmp_path / 'out').exists()
+
+
+def test_busy_folder_is_said_before_anything_is_loaded(tmp_path):
+    """The probe refuses a held folder and creates nothing for a new one."""
+    from tff_fedrecgel import program
+
+    with program.lock_experiment(root_output_dir=tmp_path, experiment_name='run'):
+        with pytest.raises(program.ExperimentLockedError, match='in use by pid'):
+            program.check_not_in_use(root_output_dir=tmp_path, experiment_name='run')
+    program.check_not_in_use(root_output_dir=tmp_path, experiment_name='run')
+    program.check_not_in_use(root_output_dir=tmp_path / 'new', experiment_name='run')
+    assert not (tmp_path / 'new').exists()
+
+
+@pytest.mark.parametrize('setting, value, words', [
+    ('seed', 1.5, 'seed must be an integer'),
+    ('total_rounds', '3', 'total_rounds must be an integer'),
+    ('validation', 1, 'validation must be a bool'),
+    ('rho_sh', '0.5', 'rho_sh must be a number'),
+    ('client_fraction', '0.5', 'client_fraction must be a number'),
+    ('local_epochs', 2**31, 'local_epochs must be <= 1000'),
+    ('data_dir', 'somewhere', 'data_dir is not read by synthetic'),
+])
+def test_api_refuses_wrong_types_naming_the_setting(setting, value, words):
+    from tff_fedrecgel import api
+    from tff_fedrecgel.errors import SettingError
+
+    with pytest.raises(SettingError, match=words):
+        api.settings('synthetic', **{setting: value})
+
+
+def test_api_data_options_are_checked_with_the_settings():
+    from tff_fedrecgel import api
+    from tff_fedrecgel.errors import OptionError
+
+    with pytest.raises(OptionError, match='num_users must be an integer'):
+        api.settings('synthetic', data_options={'num_users': '5'})
+    with pytest.raises(OptionError, match='num_users=1000000000 needs about'):
+        api.settings('synthetic', data_options={'num_users': 10**9})
+    with pytest.raises(OptionError, match='sep must be a non-empty string'):
+        api.settings('csv', data_dir='x.csv', data_options={'sep': ''})
+
+
+def test_api_error_after_building_prints_nothing_at_exit(tmp_path):
+    """An experiment built (TFF imported), then an error: the traceback of
+    that error and nothing after it (no `Exception ignored in ...`)."""
+    code = ('from tff_fedrecgel import api\n'
+            f'api.experiment("synthetic", run_dir={str(tmp_path / "run")!r}, '
+            'data_options={"num_users": 60})\n'
+            'raise SystemExit("stopped here")\n')
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          cwd=REPO, timeout=300, check=False,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+    assert proc.returncode == 1 and proc.stderr.strip() == 'stopped here', proc.stderr
+    assert not (tmp_path / 'run').exists()
+
+
+def test_csv_separator_is_literal(tmp_path):
+    from tff_fedrecgel.data import loaders
+
+    path = tmp_path / 'r.csv'
+    path.write_text('user(((item\n1(((2\n3(((4\n')
+    frame = loaders.load_csv(path, sep='(((')
+    assert frame['user'].tolist() == [1, 3] and frame['item'].tolist() == [2, 4]
+    path.write_text('user.item\n1.2\n')  # '.' is a dot, not "any character".
+    assert loaders.load_csv(path, sep='.')['item'].tolist() == [2]
