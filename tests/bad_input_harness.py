@@ -47,6 +47,14 @@ def _listing(*folders):
     return found
 
 
+class _Refused(Exception):
+    """A user error, as `_entry.run_main` would print it."""
+
+    def __init__(self, error):
+        super().__init__(str(error))
+        self.error = error
+
+
 def run_case(argv, root, cwd):
     """The outcome of one command line (see the module docstring)."""
     flags.FLAGS.unparse_flags()
@@ -55,11 +63,13 @@ def run_case(argv, root, cwd):
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                rest = flags.FLAGS(['train.py', *argv])
-            except flags.Error as e:
-                raise _Refused(e) from None
-            except UnicodeDecodeError:
-                raise _Refused('a --flagfile is not a UTF-8 text file') from None
+                # The entry points' own parsing: one `error:` line and exit 2.
+                rest = _entry._parse_flags(['train.py', *argv])  # pylint: disable=protected-access
+            except SystemExit as e:
+                line = err.getvalue().strip()
+                if e.code != 2 or not line.startswith('error: '):
+                    raise
+                raise _Refused(line[len('error: '):]) from None
             if len(rest) > 1:
                 raise _Refused(f'unexpected arguments: {" ".join(rest[1:])}')
             try:
@@ -78,13 +88,6 @@ def run_case(argv, root, cwd):
     return outcome
 
 
-class _Refused(Exception):
-
-    def __init__(self, error):
-        super().__init__(str(error))
-        self.error = error
-
-
 def main():
     cases = json.load(sys.stdin)
     root = pathlib.Path(os.environ['BAD_INPUT_ROOT'])
@@ -94,12 +97,13 @@ def main():
     for argv in cases:
         argv = [a.replace('{root}', str(root)) for a in argv]
         results.append(run_case(argv, root, cwd))
+        # Clear what an accepted case wrote (deepest first) for the next one.
         for path in sorted(_listing(root, cwd), key=len, reverse=True):
             target = pathlib.Path(path)
-            if target.is_dir() and not target.is_symlink():
-                target.rmdir() if not any(target.iterdir()) else None
-            else:
+            if not target.is_dir() or target.is_symlink():
                 target.unlink()
+            elif not any(target.iterdir()):
+                target.rmdir()
     print(json.dumps(results))
 
 
