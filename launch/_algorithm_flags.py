@@ -18,6 +18,7 @@ from tff_fedrecgel import methods
 from tff_fedrecgel import run_settings
 from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError
+from tff_fedrecgel.errors import OptionError
 
 _default = run_settings.default
 
@@ -113,6 +114,8 @@ def settings(task: tasks.Task, data_profile=None) -> run_settings.Settings:
             data_options=_data_flags.task_options(task), **given)
     except run_settings.SettingError as e:
         raise ValueError(e.flag_message()) from None
+    except OptionError as e:
+        raise ValueError(e.flag_message(_data_flags.flag_of(e.option))) from None
 
 
 def model_config(num_items: int):

@@ -75,3 +75,11 @@ def task_options(task: tasks.Task) -> dict[str, Any]:
                 raise DataError(
                     f'--{holder.name} applies only to the {owner} data')
     return options
+
+
+def flag_of(option: str) -> str:
+    """The flag (without --) of a task's data option, e.g. 'data_seed'."""
+    for group in (_SYNTHETIC_FLAGS, _CSV_FLAGS):
+        if option in group:
+            return group[option].name
+    return option

@@ -106,6 +106,11 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
         return flags.FLAGS(list(argv))
     except flags.Error as e:
         fail(e)
+    except UnicodeDecodeError:
+        # absl reads --flagfile as text.
+        fail('a --flagfile is not a UTF-8 text file (it holds one --flag=value a line)')
+    except OSError as e:
+        fail(f'cannot read a --flagfile: {e.strerror or e}')
 
 
 def run_main(main: Callable[[list[str]], Any], *,

@@ -29,8 +29,9 @@ command line, so flags given after it win, e.g.
 from __future__ import annotations
 
 import json
-import math
 import os
+import pathlib
+import shutil
 import sys
 import time
 
@@ -142,7 +143,7 @@ def _settings(task, data_profile=None) -> run_settings.Settings:
     return algo.settings(task, data_profile)
 
 
-def _privacy(settings: run_settings.Settings, num_users: int):
+def _privacy(settings: run_settings.Settings, num_users: int, clients: int):
     """The run's `PrivacySettings`, checked (imports no TensorFlow)."""
     from tff_fedrecgel.privacy import PrivacySettings  # pylint: disable=g-import-not-at-top
 
@@ -155,17 +156,15 @@ def _privacy(settings: run_settings.Settings, num_users: int):
         # A vectorized client uploads one mean per group of users.
         raise ValueError('DP and secure aggregation act on each user\'s upload; drop '
                          '--simulation=vectorized (auto runs one user per TFF client)')
-    if _DP_NOISE_MULTIPLIER.value is not None and not 0 <= _DP_NOISE_MULTIPLIER.value < math.inf:
-        raise ValueError('--dp_noise_multiplier must be a finite number >= 0, got '
-                         f'{_DP_NOISE_MULTIPLIER.value}')
-    if _DP_CLIP.value is not None and not 0 < _DP_CLIP.value < math.inf:
-        raise ValueError(f'--dp_clip must be a finite positive number, got {_DP_CLIP.value}')
-    if _DP_DELTA.value is not None and not 0 < _DP_DELTA.value < 1:
-        raise ValueError(f'--dp_delta must be in (0, 1), got {_DP_DELTA.value}')
-    privacy = PrivacySettings(
-        noise_multiplier=_DP_NOISE_MULTIPLIER.value, clip=_DP_CLIP.value,
-        adaptive_clip=_DP_ADAPTIVE_CLIP.value, delta=_DP_DELTA.value,
-        secure_aggregation=_SECURE_AGGREGATION.value)
+    try:
+        privacy = PrivacySettings(
+            noise_multiplier=_DP_NOISE_MULTIPLIER.value, clip=_DP_CLIP.value,
+            adaptive_clip=_DP_ADAPTIVE_CLIP.value, delta=_DP_DELTA.value,
+            secure_aggregation=_SECURE_AGGREGATION.value)
+        privacy.check_accounting(clients_per_round=clients, num_users=num_users,
+                                 total_rounds=settings.total_rounds)
+    except run_settings.SettingError as e:
+        raise ValueError(e.flag_message()) from None
     privacy.check_client_weighting(settings.client_weighting)
     privacy.hparams(num_users=num_users)  # Checks the population size.
     return privacy
@@ -228,6 +227,10 @@ def main(argv: list[str]) -> int:
     if experiment is None:
         experiment = f'{task.name}_{settings.algorithm}_seed{settings.seed}'
     program.check_experiment_name(experiment)
+    program.check_output_root(_ROOT_OUTPUT_DIR.value)
+    # A busy folder is said at once, before the data load and the TF import.
+    program.check_not_in_use(root_output_dir=_ROOT_OUTPUT_DIR.value,
+                             experiment_name=experiment)
 
     # Fail on bad data before the slow TF imports.
     split = task.load_split(data_dir=settings.data_dir, validation=settings.validation,
@@ -236,10 +239,10 @@ def main(argv: list[str]) -> int:
     if recipes.needs_data(settings.preset):
         settings = _settings(task, profile)
     try:
-        clients = settings.cohort(split.num_users)
+        clients = settings.check_split(split)
     except run_settings.SettingError as e:
         raise ValueError(e.flag_message()) from None
-    privacy = _privacy(settings, split.num_users)
+    privacy = _privacy(settings, split.num_users, clients)
     hparams = {**settings.hparams(), **privacy.hparams(num_users=split.num_users)}
     if _WORKERS.value and privacy.needs_one_user_per_client:
         raise ValueError('DP and secure aggregation are not supported with --workers')
@@ -247,10 +250,34 @@ def main(argv: list[str]) -> int:
         from tff_fedrecgel.simulation.transport import parse_worker_addresses  # pylint: disable=g-import-not-at-top
         parse_worker_addresses(_WORKERS.value)
 
+    folder = (pathlib.Path(_ROOT_OUTPUT_DIR.value) / experiment).absolute()
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
     with program.lock_experiment(root_output_dir=_ROOT_OUTPUT_DIR.value,
                                  experiment_name=experiment) as paths:
         program.check_hparams(paths, hparams)
-        return _train(task, settings, hparams, split, clients, privacy, paths, profile)
+        try:
+            return _train(task, settings, hparams, split, clients, privacy, paths, profile)
+        except Exception as e:
+            if created and not program.has_checkpoint(paths):
+                # Nothing was trained: leave no folder that would refuse the
+                # corrected command as "a run with other settings".
+                _remove_created(created)
+            elif isinstance(e, program.TrainingStoppedError):
+                raise program.TrainingStoppedError(
+                    f'{e}; {paths.root} keeps this run\'s settings, so run a changed '
+                    'command under another --experiment_name') from None
+            raise
+
+
+def _remove_created(created: list[pathlib.Path]) -> None:
+    """Removes the experiment folder (`created[0]`), then the parents this
+    run created, while they are empty."""
+    shutil.rmtree(created[0], ignore_errors=True)
+    for parent in created[1:]:
+        try:
+            parent.rmdir()
+        except OSError:
+            break
 
 
 def _headline(headline) -> str:
@@ -286,9 +313,12 @@ def _train(task, settings: run_settings.Settings, hparams: dict, split, clients:
                                     model_aggregator=aggregator, workers=_WORKERS.value)
     logging.info('built the TFF process in %.1f s', time.perf_counter() - start)
     # Everything is checked: record the settings (a resumed run must match).
-    program.prepare_experiment(
-        root_output_dir=paths.root.parent, experiment_name=paths.root.name,
-        hparams=hparams)
+    # Without hparams.json but with checkpoints, the training program checks
+    # the checkpoint's own record first and rebuilds the file from it.
+    if paths.hparams.exists() or not program.has_checkpoint(paths):
+        program.prepare_experiment(
+            root_output_dir=paths.root.parent, experiment_name=paths.root.name,
+            hparams=hparams)
     print(f'outputs: {paths.root}', flush=True)
     print(f'view the curves: {_entry.tensorboard_command(paths.tensorboard)}',
           flush=True)

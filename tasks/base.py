@@ -58,6 +58,8 @@ class Task:
         chosen on the validation item (docs/RESULTS.md).
       default_preset: The preset of a run that names none: 'paper' for the
         paper's datasets (to reproduce it), 'auto' for data of one's own.
+      options_check: ``options_check(options)`` raises `OptionError` on a
+        reader option of the wrong type or out of range (None: no check).
     """
 
     name: str
@@ -74,6 +76,8 @@ class Task:
     data_dir_may_be_file: bool = False
     tuned: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     default_preset: str = recipes.PAPER
+    options_check: Callable[[Mapping[str, Any]], None] | None = dataclasses.field(
+        default=None, repr=False, compare=False)
 
     def preset(self, name: str | None = None,
                profile: recipes.DataProfile | None = None) -> dict[str, Any]:
@@ -90,15 +94,24 @@ class Task:
         return recipes.preset_values(self.default_preset if name is None else name,
                                      self.tuned, profile)
 
-    def _check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(options) - set(self.option_names))
+    def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The reader options given (None values dropped), checked.
+
+        Raises:
+          DataError: On an unknown option; `OptionError` on one of the
+            wrong type or out of range.
+        """
+        unknown = sorted(map(str, set(options) - set(self.option_names)))
         if unknown:
             allowed = ', '.join(self.option_names) or 'none'
             raise DataError(
                 f'{self.name}: unknown option(s) {", ".join(unknown)} '
                 f'(allowed: {allowed})')
         # None means "use the reader's default": drop it so keys stay stable.
-        return {k: v for k, v in sorted(options.items()) if v is not None}
+        given = {k: v for k, v in sorted(options.items()) if v is not None}
+        if self.options_check is not None:
+            self.options_check(given)
+        return given
 
     def raw_path(self, data_dir: PathLike | None) -> str | None:
         """The raw file this task reads.
@@ -113,6 +126,9 @@ class Task:
           DataError: If ``data_dir`` or the file is missing.
         """
         if self.raw_file is None:
+            if data_dir is not None:
+                raise DataError(f'{self.name}: the data is generated, it reads no data '
+                                f'directory (got {os.fspath(data_dir)!r})')
             return None
         if data_dir is None or not os.fspath(data_dir):
             raise DataError(
@@ -124,7 +140,11 @@ class Task:
         if not os.path.exists(data_dir):
             raise DataError(f'{data_dir}: data directory not found')
         if not os.path.isdir(data_dir):
-            raise DataError(f'{data_dir}: not a directory (it must hold '
+            from tff_fedrecgel.data.loaders import file_kind  # pylint: disable=g-import-not-at-top
+
+            kind = file_kind(data_dir) or 'a file'
+            expected = 'a folder or the file itself' if self.data_dir_may_be_file else 'a folder'
+            raise DataError(f'{data_dir}: is {kind}, expected {expected} (holding '
                             f'{self.raw_file})')
         path = os.path.join(data_dir, self.raw_file)
         if not os.path.exists(path):
@@ -146,7 +166,7 @@ class Task:
         Raises:
           DataError: On unknown options or bad input.
         """
-        options = self._check_options(options)
+        options = self.check_options(options)
         path = self.raw_path(data_dir)
         if path is None:
             return self.reader(**options)
@@ -167,7 +187,7 @@ class Task:
         Raises:
           DataError: If the raw file is missing.
         """
-        options = self._check_options(options)
+        options = self.check_options(options)
         path = self.raw_path(data_dir)
         return {
             'dataset': self.name,

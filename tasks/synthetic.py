@@ -18,4 +18,5 @@ TASK = Task(
     reader=synthetic.generate_synthetic,
     option_names=tuple(f.name for f in dataclasses.fields(
         synthetic.SyntheticConfig)),
+    options_check=synthetic.check_options,
 )

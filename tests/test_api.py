@@ -85,12 +85,18 @@ def test_settings_take_the_task_and_method_defaults():
     ({'heldout_users': 0.95}, 'heldout_users must be <= 0.9'),
     ({'client_fraction': float('nan')}, 'client_fraction must be a finite number'),
     ({'rounds_per_checkpoint': -1}, 'rounds_per_checkpoint must be >= 0'),
-    ({'data_options': {'seed': -2}}, 'data_seed must be >= 0'),
     ({'eval_protocol': 'topk'}, 'eval_protocol must be one of'),
 ])
 def test_settings_refuse_values_out_of_range(overrides, message):
     with pytest.raises(run_settings.SettingError, match=re.escape(message)):
         api.settings('synthetic', **overrides)
+
+
+def test_data_options_out_of_range_name_the_option():
+    from tff_fedrecgel.errors import OptionError
+
+    with pytest.raises(OptionError, match=re.escape('synthetic: seed must be >= 0, got -2')):
+        api.settings('synthetic', data_options={'seed': -2})
 
 
 def test_cohort_counts_only_the_training_users():

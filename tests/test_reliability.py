@@ -471,12 +471,17 @@ def test_rows_survive_in_the_checkpoint(simulation, tmp_path):
         str(folder / 'checkpoints'), prefix='program_state_')
     from tff_fedrecgel.program import training_program
     from tff_fedrecgel.program.evaluation_plan import EvaluationPlan
+    from tff_fedrecgel.program import run_record
+    from tff_fedrecgel.data import split_io
     structure = training_program._program_state(  # pylint: disable=protected-access
-        simulation, EvaluationPlan().empty_best(), 0.0, 0.0)
+        simulation, EvaluationPlan().empty_best(), 0.0, 0.0, record=np.array('{}'))
     state = _run_async(manager.load(4, structure))
     rows = json.loads(state['metrics_rows'])
     assert [r['round'] for r in rows] == [1, 2, 3, 4]
     assert rows == [collections.OrderedDict(r) for r in rows]
+    # And what it belongs to: the split's fingerprint (and the settings given).
+    record = run_record.parse_record(state['run_record'])
+    assert record['data'] == split_io.split_fingerprint(simulation.split)
 
 
 # --------------------------------------------------------------------------

@@ -193,12 +193,16 @@ class Experiment:
           DataError: On bad data.
           ValueError: On inconsistent settings.
         """
+        # Building imports TFF, whose default context fails noisily when
+        # collected at the interpreter's exit unless the hook replaces it.
+        _register_exit_hook()
         root = pathlib.Path(run_dir).expanduser().resolve()
         outputs.check_experiment_name(root.name)
         self.paths = outputs.ExperimentPaths(root)
         self.settings = run_settings
         self.split = split if split is not None else _load_split(run_settings)
         self.foreign_settings = tuple(foreign_settings)
+        run_settings.check_split(self.split)
         self.simulation = run_settings.build_simulation(self.split)
         self._has_state = False
 
@@ -257,8 +261,11 @@ class Experiment:
         with program.lock_experiment(root_output_dir=self.paths.root.parent,
                                      experiment_name=self.paths.root.name) as paths:
             program.check_hparams(paths, hparams)
-            program.prepare_experiment(root_output_dir=paths.root.parent,
-                                       experiment_name=paths.root.name, hparams=hparams)
+            if paths.hparams.exists() or not program.has_checkpoint(paths):
+                # Else the training program checks the checkpoint's own
+                # record and rebuilds hparams.json from it.
+                program.prepare_experiment(root_output_dir=paths.root.parent,
+                                           experiment_name=paths.root.name, hparams=hparams)
             self._has_state = False
             summary = training_thread.run_here_or_in_thread(run)
         self.settings = run_settings

@@ -9,6 +9,9 @@ simulation builder all read this one table. Imports no TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import numbers
+
+from tff_fedrecgel.errors import SettingError
 
 FEDRECGEL = 'fedrecgel'
 FEDRECON = 'fedrecon'
@@ -41,7 +44,14 @@ class Method:
     algorithm: str = FEDRECGEL
 
     def radii(self, rho_sh: float, rho_ns: float) -> tuple[float, float]:
-        """The radii a run uses, given the task's (or the flags') radii."""
+        """The radii a run uses, given the task's (or the flags') radii.
+
+        Raises:
+          SettingError: If a radius is not a number.
+        """
+        for name, value in (('rho_sh', rho_sh), ('rho_ns', rho_ns)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise SettingError(name, 'must be a number', value)
         return (float(rho_sh if self.rho_sh is None else self.rho_sh),
                 float(rho_ns if self.rho_ns is None else self.rho_ns))
 

@@ -14,8 +14,8 @@ uploads (`build_fedrecgel_process(model_aggregator=...)`):
 * `build_secure_aggregator`: the mean with its sum done by TFF's
   `SecureSumFactory`: clients clip every coordinate to a range, quantize it to
   32-bit integers, and the server only learns the integer sum.
-* `dp_epsilon`: the (epsilon, delta) of a number of DP rounds, from
-  `dp_accounting`.
+* `dp_epsilon`, `PrivacyReport` (in `privacy_accounting.py`, no TensorFlow):
+  the (epsilon, delta) of a number of DP rounds, from `dp_accounting`.
 
 TFF's default (native C++) runtime cannot execute the secure-sum intrinsics;
 `use_secure_simulation_context` installs a worker of this process that compiles
@@ -27,13 +27,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
-import dp_accounting
-import tensorflow_federated as tff
-import tensorflow_privacy as tfp
+from tff_fedrecgel.privacy_accounting import ACCOUNTANTS  # pylint: disable=unused-import
+from tff_fedrecgel.privacy_accounting import MAX_NOISE_MULTIPLIER
+from tff_fedrecgel.privacy_accounting import MIN_NOISE_MULTIPLIER
+from tff_fedrecgel.privacy_accounting import PrivacyReport
+from tff_fedrecgel.privacy_accounting import default_delta
+from tff_fedrecgel.privacy_accounting import dp_epsilon  # pylint: disable=unused-import
+from tff_fedrecgel.run_settings import SettingError
 
-ACCOUNTANTS = ('rdp', 'pld')
+if TYPE_CHECKING:
+    import tensorflow_federated as tff
+
+# An L2 clip beyond this lets clip * noise overflow float32 weights.
+MAX_CLIP = 1e6
 # TFF's secure sum quantizes floats to integers in [0, 2**32 - 1].
 SECURE_SUM_BITS = 32
 # Adaptive secure-sum range of `tff.learning.secure_aggregator`: start at 50,
@@ -92,6 +100,9 @@ def build_dp_aggregator(
         secure aggregation with an adaptive clip, or adaptive parameters TFF
         rejects (a multiplier too large for the count noise).
     """
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    import tensorflow_privacy as tfp  # pylint: disable=g-import-not-at-top
+
     if noise_multiplier < 0 or not math.isfinite(noise_multiplier):
         raise ValueError(f'noise_multiplier must be >= 0, got {noise_multiplier}')
     if clients_per_round < 1:
@@ -158,6 +169,8 @@ def build_secure_aggregator(
     Raises:
       ValueError: If `bound` is not positive.
     """
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
     _quiet_secure_sum_assert_warnings()
     if bound is None:
         value_range = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
@@ -239,130 +252,6 @@ def _quiet_secure_sum_assert_warnings() -> None:
         logger.addFilter(_SecureSumAssertFilter())
 
 
-def dp_epsilon(
-    *,
-    noise_multiplier: float,
-    sampling_probability: float,
-    rounds: int,
-    delta: float,
-    accountant: str = 'rdp',
-) -> float:
-    """Epsilon of `rounds` rounds of the subsampled Gaussian mechanism at `delta`.
-
-    Each round is accounted as a Poisson-subsampled Gaussian mechanism
-    (`PoissonSampledDpEvent(q, GaussianDpEvent(z))`, add-or-remove-one-user
-    neighbours). The simulation samples a fixed-size cohort uniformly without
-    replacement; accounting it as Poisson sampling with
-    `q = clients_per_round / num_users` is the standard approximation (as in
-    DP-FedAvg and TFF's tutorials), not an exact bound for that scheme.
-    With adaptive clipping pass the total `noise_multiplier` given to
-    `build_dp_aggregator` (TFF splits it between the update and the count).
-
-    Args:
-      noise_multiplier: `z`, noise standard deviation over the L2 clip.
-      sampling_probability: `q` in (0, 1], the chance a user is in a round.
-      rounds: Rounds run so far (>= 0).
-      delta: The target delta in (0, 1), usually `1 / num_users`.
-      accountant: 'rdp' (Renyi DP, Mironov 2017; fast, slightly loose) or
-        'pld' (privacy loss distributions; tighter, slower).
-
-    Returns:
-      Epsilon: 0 for no rounds, infinity without noise.
-
-    Raises:
-      ValueError: On out-of-range arguments or an unknown accountant.
-    """
-    if noise_multiplier < 0:
-        raise ValueError(f'noise_multiplier must be >= 0, got {noise_multiplier}')
-    if not 0 < sampling_probability <= 1:
-        raise ValueError(
-            f'sampling_probability must be in (0, 1], got {sampling_probability}'
-        )
-    if rounds < 0:
-        raise ValueError(f'rounds must be >= 0, got {rounds}')
-    if not 0 < delta < 1:
-        raise ValueError(f'delta must be in (0, 1), got {delta}')
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f'accountant must be one of {ACCOUNTANTS}, got {accountant!r}')
-    if rounds == 0:
-        return 0.0
-    if noise_multiplier == 0:
-        return math.inf
-    if accountant == 'rdp':
-        ledger = dp_accounting.rdp.RdpAccountant()
-    else:
-        ledger = dp_accounting.pld.PLDAccountant()
-    event = dp_accounting.PoissonSampledDpEvent(
-        sampling_probability, dp_accounting.GaussianDpEvent(noise_multiplier)
-    )
-    ledger.compose(event, int(rounds))
-    return float(ledger.get_epsilon(delta))
-
-
-def default_delta(*, num_users: int) -> float:
-    """The usual delta for user-level DP: one over the number of users.
-
-    Args:
-      num_users: The population size.
-
-    Returns:
-      `1 / num_users`.
-
-    Raises:
-      ValueError: With fewer than 2 users.
-    """
-    if num_users < 2:
-        raise ValueError(f'delta = 1/num_users needs at least 2 users, got {num_users}')
-    return 1.0 / num_users
-
-
-@dataclasses.dataclass(frozen=True)
-class PrivacyReport:
-    """Epsilon per round and the summary fields of a DP run.
-
-    Attributes:
-      noise_multiplier: The total noise multiplier `z`.
-      sampling_probability: `clients_per_round / num_users`.
-      delta: The delta epsilon is reported at.
-      clip: The fixed L2 clip, or the initial clip when `adaptive_clip`.
-      adaptive_clip: Whether the clip adapts (its value per round is the
-        `train/aggregation/dp_query_metrics/clip` metric).
-      accountant: See `dp_epsilon`.
-    """
-
-    noise_multiplier: float
-    sampling_probability: float
-    delta: float
-    clip: float | None
-    adaptive_clip: bool = False
-    accountant: str = 'rdp'
-
-    def epsilon(self, rounds: int) -> float:
-        """Epsilon after `rounds` rounds."""
-        return dp_epsilon(
-            noise_multiplier=self.noise_multiplier,
-            sampling_probability=self.sampling_probability,
-            rounds=rounds,
-            delta=self.delta,
-            accountant=self.accountant,
-        )
-
-    def round_metrics(self, round_num: int) -> dict[str, float]:
-        """Training metrics to release with round `round_num`."""
-        return {'dp_epsilon': self.epsilon(round_num)}
-
-    def summary(self, rounds: int) -> dict[str, Any]:
-        """Summary fields after `rounds` rounds."""
-        return {
-            'dp_epsilon': self.epsilon(rounds),
-            'dp_delta': self.delta,
-            'dp_noise_multiplier': self.noise_multiplier,
-            'dp_clip': self.clip,
-            'dp_adaptive_clip': self.adaptive_clip,
-            'dp_accountant': self.accountant,
-        }
-
-
 @dataclasses.dataclass(frozen=True)
 class PrivacySettings:
     """The privacy of a run: user-level DP and/or secure aggregation.
@@ -397,17 +286,45 @@ class PrivacySettings:
             if dp_only:
                 raise ValueError(f'{", ".join(dp_only)} needs a DP noise multiplier')
             return
-        if not 0 <= self.noise_multiplier < math.inf:
-            raise ValueError('the DP noise multiplier must be >= 0 and finite')
+        z = self.noise_multiplier
+        if not _is_number(z) or not math.isfinite(z):
+            raise SettingError('dp_noise_multiplier', 'must be a finite number', z)
+        if z != 0 and not MIN_NOISE_MULTIPLIER <= z <= MAX_NOISE_MULTIPLIER:
+            raise SettingError(
+                'dp_noise_multiplier', f'must be 0 or in [{MIN_NOISE_MULTIPLIER:g}, '
+                f'{MAX_NOISE_MULTIPLIER:g}] (what the DP accountant bounds)', z)
         if self.clip is None and not self.adaptive_clip:
-            raise ValueError('DP needs a clip (or adaptive clipping)')
-        if self.clip is not None and not 0 < self.clip < math.inf:
-            raise ValueError('the DP clip must be positive and finite')
+            raise SettingError('dp_clip', 'is required with a noise multiplier (unless '
+                               'dp_adaptive_clip)')
+        if self.clip is not None and not (_is_number(self.clip) and 0 < self.clip <= MAX_CLIP):
+            raise SettingError('dp_clip', f'must be a finite positive number <= {MAX_CLIP:g}',
+                               self.clip)
         if self.adaptive_clip and self.secure_aggregation:
             raise ValueError('secure aggregation with DP needs a fixed clip, not an '
                              'adaptive one')
-        if self.delta is not None and not 0 < self.delta < 1:
-            raise ValueError('the DP delta must be in (0, 1)')
+        if self.delta is not None and not (_is_number(self.delta) and 0 < self.delta < 1):
+            raise SettingError('dp_delta', 'must be in (0, 1)', self.delta)
+
+    def check_accounting(self, *, clients_per_round: int, num_users: int,
+                         total_rounds: int) -> None:
+        """Checks that the accountant bounds epsilon for this run (no TFF).
+
+        Raises:
+          SettingError: If dp_accounting cannot account the run's rounds at
+            its sampling probability.
+        """
+        if not self.dp:
+            return
+        report = self._report(clients_per_round, num_users)
+        for rounds in (1, total_rounds):
+            try:
+                report.epsilon(rounds)
+            except (ArithmeticError, ValueError) as e:
+                reason = ' '.join(str(e).split())[:80] or type(e).__name__
+                raise SettingError(
+                    'dp_noise_multiplier', f'cannot be accounted over {rounds} rounds at '
+                    f'sampling probability {report.sampling_probability:.3g} '
+                    f'(dp_accounting: {reason})', self.noise_multiplier) from None
 
     @property
     def dp(self) -> bool:
@@ -461,9 +378,15 @@ class PrivacySettings:
         aggregator = build_dp_aggregator(
             noise_multiplier=self.noise_multiplier, clients_per_round=clients_per_round,
             clip=self.clip, adaptive_clip=self.adaptive_clip, secure=self.secure_aggregation)
-        report = PrivacyReport(
+        return aggregator, self._report(clients_per_round, num_users)
+
+    def _report(self, clients_per_round: int, num_users: int) -> PrivacyReport:
+        return PrivacyReport(
             noise_multiplier=self.noise_multiplier,
             sampling_probability=clients_per_round / num_users,
             delta=self.delta or default_delta(num_users=num_users), clip=self.clip,
             adaptive_clip=self.adaptive_clip)
-        return aggregator, report
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

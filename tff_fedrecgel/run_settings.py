@@ -13,13 +13,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 import dataclasses
 import math
+import numbers
 import os
 from typing import Any
+
+import numpy as np
 
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError
+from tff_fedrecgel.errors import SettingError
 
 SIMULATIONS = ('auto', 'vectorized', 'per_user')
 PRESETS = recipes.PRESETS
@@ -27,29 +31,24 @@ EVAL_PROTOCOLS = ('sampled', 'full', 'both')
 MAX_SEED = 2**32 - 1  # TFF's client sampling seeds numpy's RandomState.
 
 
-class SettingError(ValueError):
-    """One setting out of its range: `name`, then what it must be.
-
-    `str(e)` reads `<name> <requirement>, got <value>`; entry points print
-    `--<name> ...`, the flag of the same name.
-    """
-
-    def __init__(self, name: str, requirement: str, value: Any):
-        super().__init__(f'{name} {requirement}, got {value!r}')
-        self.name, self.requirement, self.value = name, requirement, value
-
-    def flag_message(self) -> str:
-        """The message in the words of the command line."""
-        return f'--{self.name} {self.requirement}, got {self.value!r}'
-
+# 32-bit signed integers: what TensorFlow's counters and loop bounds hold.
+INT32_MAX = 2**31 - 1
+# Rounds a run may ask for (a round takes at least milliseconds).
+MAX_ROUNDS = 1_000_000
+# Local work per user and round: beyond these a round or an evaluation runs
+# for hours without changing the model any more.
+MAX_LOCAL_EPOCHS = 1_000
+MAX_RECONSTRUCTION_STEPS = 10_000
 
 # Each numeric setting's range: (lowest, lowest allowed itself, highest).
 _RANGES = {
-    **dict.fromkeys(('total_rounds', 'rounds_per_eval', 'clients_per_round',
-                     'reconstruction_steps', 'local_epochs', 'max_group_examples',
-                     'rounds_per_full_eval', 'early_stopping_patience'), (1, True, None)),
-    **dict.fromkeys(('rounds_per_checkpoint', 'num_negatives', 'rho_sh', 'rho_ns'),
-                    (0, True, None)),
+    'total_rounds': (1, True, MAX_ROUNDS),
+    **dict.fromkeys(('rounds_per_eval', 'rounds_per_full_eval', 'clients_per_round',
+                     'max_group_examples', 'early_stopping_patience'), (1, True, INT32_MAX)),
+    'local_epochs': (1, True, MAX_LOCAL_EPOCHS),
+    'reconstruction_steps': (1, True, MAX_RECONSTRUCTION_STEPS),
+    **dict.fromkeys(('rounds_per_checkpoint', 'num_negatives'), (0, True, INT32_MAX)),
+    **dict.fromkeys(('rho_sh', 'rho_ns'), (0, True, None)),
     'client_fraction': (0, False, 1),
     **dict.fromkeys(('local_lr', 'server_lr', 'client_lr', 'sharpness_probe'),
                     (0, False, None)),
@@ -64,6 +63,30 @@ def default(name: str) -> Any:
     return Settings.__dataclass_fields__[name].default  # pylint: disable=no-member
 
 
+def check_type(name: str, value: Any, kind: str) -> None:
+    """Refuses a value that is not of `kind` ('int', 'float', 'str', 'bool').
+
+    An int passes as a float; a bool passes only as a bool (True is not 1).
+
+    Raises:
+      SettingError: If `value` is of another type.
+    """
+    if kind == 'bool':
+        ok = isinstance(value, (bool, np.bool_))
+    elif isinstance(value, (bool, np.bool_)):
+        ok = False
+    elif kind == 'int':
+        ok = isinstance(value, numbers.Integral)
+    elif kind == 'float':
+        ok = isinstance(value, numbers.Real)
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        article = 'an' if kind == 'int' else 'a'
+        what = {'int': 'integer', 'float': 'number', 'str': 'string', 'bool': 'bool'}[kind]
+        raise SettingError(name, f'must be {article} {what}', value)
+
+
 def check_range(name: str, value: Any) -> None:
     """Refuses NaN, infinities and values out of `name`'s range (None passes).
 
@@ -73,12 +96,19 @@ def check_range(name: str, value: Any) -> None:
     if value is None or name not in _RANGES:
         return
     low, low_inclusive, high = _RANGES[name]
-    if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, numbers.Real) and not math.isfinite(value):
         raise SettingError(name, 'must be a finite number', value)
     if value < low if low_inclusive else value <= low:
         raise SettingError(name, f'must be {">=" if low_inclusive else ">"} {low}', value)
     if high is not None and value > high:
         raise SettingError(name, f'must be <= {high}', value)
+
+
+def _field_kind(field: dataclasses.Field) -> tuple[str | None, bool]:
+    """(kind for `check_type`, whether None is allowed) of a field's annotation."""
+    parts = [p.strip() for p in str(field.type).split('|')]
+    kind = parts[0] if parts[0] in ('int', 'float', 'str', 'bool') else None
+    return kind, 'None' in parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +186,8 @@ class Settings:
     early_stopping_patience: int | None = None
 
     def __post_init__(self):
+        for name in ('task', 'algorithm'):
+            check_type(name, getattr(self, name), 'str')
         spec = tasks.get_task(self.task)
         methods.get_method(self.algorithm)
         if self.preset is None:
@@ -169,8 +201,19 @@ class Settings:
             if getattr(self, name) not in allowed:
                 raise SettingError(name, f'must be one of {allowed}', getattr(self, name))
         for field in dataclasses.fields(self):
-            check_range(field.name, getattr(self, field.name))
-        check_range('data_seed', self.data_options.get('seed'))
+            value = getattr(self, field.name)
+            kind, optional = _field_kind(field)
+            if kind is not None and not (optional and value is None) and field.name != 'data_dir':
+                check_type(field.name, value, kind)
+            check_range(field.name, value)
+        if self.data_dir is not None and (
+                not isinstance(self.data_dir, (str, os.PathLike)) or spec.raw_file is None):
+            raise SettingError('data_dir', 'must be a folder or file name' if spec.raw_file
+                               else f'is not read by {spec.name} (its data is generated)',
+                               self.data_dir)
+        if not isinstance(self.data_options, Mapping):
+            raise SettingError('data_options', 'must be a mapping', self.data_options)
+        spec.check_options(self.data_options)
         if self.early_stopping_patience and not self.validation:
             raise SettingError('early_stopping_patience', 'needs --validation (it watches '
                                'the validation item)', self.early_stopping_patience)
@@ -238,6 +281,33 @@ class Settings:
             raise SettingError('clients_per_round', f'must be <= {trainers} (the training '
                                'users)', self.clients_per_round)
         return self.clients_per_round
+
+    def check_split(self, split) -> int:
+        """Checks the settings that depend on the data; returns the cohort.
+
+        A user's training negatives are drawn without repeats from the items
+        it did not train on, so `num_negatives` must leave every user that
+        many (checked here, before a run writes anything, not in round 1).
+
+        Args:
+          split: The loaded `data.Split`.
+
+        Returns:
+          `cohort(split.num_users)`.
+
+        Raises:
+          SettingError: If the cohort or `num_negatives` does not fit the data.
+        """
+        clients = self.cohort(split.num_users)
+        if methods.get_method(self.algorithm).algorithm == methods.FEDRECGEL:
+            rows = np.bincount(split.train_users, minlength=split.num_users)
+            room = int(split.num_items - rows.max()) if len(rows) else split.num_items
+            if self.num_negatives > room:
+                raise SettingError(
+                    'num_negatives', f'must be <= {max(room, 0)} (the items a user with '
+                    f'the most training rows, {int(rows.max())} of {split.num_items} '
+                    'items, did not train on)', self.num_negatives)
+        return clients
 
     def vectorized(self, one_user_per_client: bool = False) -> bool:
         """Whether TFF clients hold several users ('auto' does unless each

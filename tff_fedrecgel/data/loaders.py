@@ -13,7 +13,6 @@ a one-line message that starts with the file path.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from typing import Union
 
@@ -35,18 +34,27 @@ _FILMTRUST_BASE_HIGH = 1_000_000_000
 _FILMTRUST_BASE_SCALE = 1_000_000
 
 _INT_RE = r'[+-]?\d+'
-_SEPARATOR_ALIASES = {
-    'tab': '\t',
-    '\\t': '\t',
-    'comma': ',',
-    'semicolon': ';',
-    'space': r'\s+',
-    'whitespace': r'\s+',
-}
+
+
+def file_kind(path: PathLike) -> str | None:
+    """What a path that is neither a folder nor a regular file is, in words
+    ('a FIFO', 'a character device', ...), or None if it is one of those."""
+    import stat  # pylint: disable=g-import-not-at-top
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    for test, name in ((stat.S_ISFIFO, 'a FIFO (named pipe)'),
+                       (stat.S_ISCHR, 'a character device'),
+                       (stat.S_ISBLK, 'a block device'), (stat.S_ISSOCK, 'a socket')):
+        if test(mode):
+            return name
+    return None
 
 
 def check_file(path: PathLike) -> str:
-    """Checks that ``path`` is an existing, non-empty regular file.
+    """Checks that ``path`` is an existing, non-empty, readable regular file.
 
     Args:
       path: The file to check.
@@ -55,14 +63,23 @@ def check_file(path: PathLike) -> str:
       The path as a string.
 
     Raises:
-      DataError: If the file is missing, is a directory or is empty.
+      DataError: If the file is missing, is a directory or another kind of
+        file (a FIFO, a device), is empty or cannot be read.
     """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise DataError(f'{path}: file not found')
     if os.path.isdir(path):
         raise DataError(f'{path}: is a directory, expected a file')
-    if os.path.getsize(path) == 0:
+    kind = file_kind(path)
+    if kind is not None:
+        raise DataError(f'{path}: is {kind}, expected a regular file')
+    try:
+        with open(path, 'rb') as f:
+            first = f.read(1)
+    except OSError as e:
+        raise DataError(f'{path}: cannot read ({e.strerror or e})') from None
+    if not first:
         raise DataError(f'{path}: file is empty')
     return path
 
@@ -72,13 +89,23 @@ def _first_line(message: str) -> str:
     return lines[-1] if lines else 'unreadable file'
 
 
-def _read_table(path: str, *, sep: str, header: bool) -> pd.DataFrame:
-    """Reads a delimited text file with every field as a string."""
+def _read_table(path: str, *, sep: str, header: bool,
+                engine: str | None = None) -> pd.DataFrame:
+    """Reads a delimited text file with every field as a string.
+
+    No line may have more fields than the first (the header, or the first
+    row): the header is read as a row, so pandas cannot take a longer data
+    row's first field as an index and shift the columns. With
+    ``engine='python'`` a shorter line is refused too (pandas' C engine
+    pads it with empty fields, which `_check_no_missing` then finds in the
+    columns a loader uses).
+    """
     try:
         frame = pd.read_csv(
             path,
             sep=sep,
-            header=0 if header else None,
+            engine=engine,
+            header=None,
             dtype=str,
             keep_default_na=False,
             skip_blank_lines=True,
@@ -89,6 +116,22 @@ def _read_table(path: str, *, sep: str, header: bool) -> pd.DataFrame:
         raise DataError(f'{path}: cannot parse ({_first_line(e)})') from None
     except UnicodeDecodeError:
         raise DataError(f'{path}: not a UTF-8 text file') from None
+    except (ValueError, OverflowError) as e:
+        raise DataError(f'{path}: cannot parse ({_first_line(e)})') from None
+    short = frame.isna().to_numpy()
+    if short.any():
+        row = int(np.flatnonzero(short.any(axis=1))[0])
+        fields = int((~short[row]).sum())
+        raise DataError(
+            f'{path}: line {row + 1} has {fields} fields, the first line '
+            f'{frame.shape[1]} (every line needs the same fields)')
+    if header:
+        names = [str(c).strip() for c in frame.iloc[0]]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise DataError(f'{path}: column {repeated[0]!r} appears twice in the header')
+        frame = frame.iloc[1:].reset_index(drop=True)
+        frame.columns = names
     if frame.empty:
         raise DataError(f'{path}: no data rows')
     return frame
@@ -314,120 +357,6 @@ def load_qb_article(path: PathLike) -> pd.DataFrame:
     return _frame(users, items, _occurrence_index(users) + 1)
 
 
-def normalize_separator(sep: str) -> str:
-    """Maps command-line spellings (``tab``, ``\\t``, ``space``) to separators.
-
-    Args:
-      sep: A separator or one of its aliases.
-
-    Returns:
-      The separator to pass to pandas.
-
-    Raises:
-      DataError: If ``sep`` is empty.
-    """
-    if not sep:
-        raise DataError('csv separator must not be empty')
-    return _SEPARATOR_ALIASES.get(sep.lower(), sep)
-
-
-def _resolve_column(frame: pd.DataFrame, ref: ColumnRef, *, path: str,
-                    header: bool, role: str) -> str | int:
-    """Finds a column by name (header) or 0-based position (no header)."""
-    if header:
-        name = str(ref).strip()
-        if name not in frame.columns:
-            raise DataError(
-                f'{path}: no {role} column {name!r} (found '
-                f'{", ".join(map(str, frame.columns))})')
-        return name
-    text = str(ref).strip()
-    if not re.fullmatch(r'\d+', text):
-        raise DataError(
-            f'{path}: the file has no header, so the {role} column must be a '
-            f'0-based column number, got {ref!r}')
-    index = int(text)
-    if index >= frame.shape[1]:
-        raise DataError(
-            f'{path}: {role} column {index} does not exist (the file has '
-            f'{frame.shape[1]} columns)')
-    return index
-
-
-def load_csv(path: PathLike, *, sep: str = ',', header: bool = True,
-             user_col: ColumnRef = None, item_col: ColumnRef = None,
-             timestamp_col: ColumnRef = None, rating_col: ColumnRef = None,
-             min_rating: float | None = None) -> pd.DataFrame:
-    """Reads a user-supplied interaction file.
-
-    Args:
-      path: The delimited text file.
-      sep: Field separator (``tab``, ``\\t``, ``space`` are accepted aliases).
-      header: Whether the first line holds column names. Without a header the
-        column arguments are 0-based column numbers.
-      user_col: User id column (default ``user``, or column 0 without header).
-      item_col: Item id column (default ``item``, or column 1 without header).
-      timestamp_col: Optional numeric timestamp column. Without it, the row
-        order within a user stands in (1, 2, 3, ...).
-      rating_col: Optional numeric rating column.
-      min_rating: If set, only rows with ``rating >= min_rating`` are kept as
-        implicit positives (requires ``rating_col``).
-
-    Returns:
-      The raw interactions. Ids that are all integers become int64, otherwise
-      they stay strings.
-
-    Raises:
-      DataError: On a missing, empty or malformed file, unknown columns,
-        non-numeric timestamps/ratings or when no row passes the threshold.
-    """
-    path = check_file(path)
-    if min_rating is not None and rating_col is None:
-        raise DataError(f'{path}: min_rating needs a rating column')
-    frame = _read_table(path, sep=normalize_separator(sep), header=header)
-    if header:
-        frame.columns = [str(c).strip() for c in frame.columns]
-    user_col = _resolve_column(
-        frame, ('user' if header else 0) if user_col is None else user_col,
-        path=path, header=header, role='user')
-    item_col = _resolve_column(
-        frame, ('item' if header else 1) if item_col is None else item_col,
-        path=path, header=header, role='item')
-    wanted = {'user': user_col, 'item': item_col}
-    if timestamp_col is not None:
-        wanted['timestamp'] = _resolve_column(
-            frame, timestamp_col, path=path, header=header, role='timestamp')
-    if rating_col is not None:
-        wanted['rating'] = _resolve_column(
-            frame, rating_col, path=path, header=header, role='rating')
-    used = frame[list(wanted.values())]
-    used.columns = list(wanted)
-    _check_no_missing(used, path, header=header)
-
-    keep = np.ones(len(used), dtype=bool)
-    if rating_col is not None:
-        ratings = _parse_numbers(used['rating'], path=path, what='rating',
-                                 header=header)
-        if min_rating is not None:
-            keep = ratings >= min_rating
-            if not keep.any():
-                raise DataError(
-                    f'{path}: no row has rating >= {min_rating:g}')
-    if 'timestamp' in wanted:
-        timestamps = _parse_numbers(used['timestamp'], path=path,
-                                    what='timestamp', header=header)[keep]
-    else:
-        timestamps = None
-    used = used[keep]
-    users = _parse_any_ids(used['user'], path=path, what='user id',
-                           header=header)
-    items = _parse_any_ids(used['item'], path=path, what='item id',
-                           header=header)
-    if timestamps is None:
-        timestamps = _occurrence_index(users) + 1
-    return _frame(users, items, timestamps)
-
-
 def validate_raw(frame: pd.DataFrame, *, source: str) -> None:
     """Checks that a frame has the raw schema (used for user-built frames).
 
@@ -447,3 +376,25 @@ def validate_raw(frame: pd.DataFrame, *, source: str) -> None:
         raise DataError(f'{source}: missing values in user/item/timestamp')
     if not pd.api.types.is_numeric_dtype(frame['timestamp']):
         raise DataError(f'{source}: timestamps must be numeric')
+
+
+# The helpers the csv task's reader (csv_reader.py) shares.
+INT_PATTERN = _INT_RE
+read_table = _read_table
+check_no_missing = _check_no_missing
+parse_numbers = _parse_numbers
+parse_any_ids = _parse_any_ids
+occurrence_index = _occurrence_index
+raw_frame = _frame
+
+_CSV_READER_NAMES = ('check_csv_options', 'load_csv', 'normalize_separator')
+
+
+def __getattr__(name):
+    # The generic reader of the csv task lives in csv_reader.py (it imports
+    # this module, so it is looked up on first use).
+    if name in _CSV_READER_NAMES:
+        from tff_fedrecgel.data import csv_reader  # pylint: disable=g-import-not-at-top
+
+        return getattr(csv_reader, name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

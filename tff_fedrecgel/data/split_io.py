@@ -81,6 +81,25 @@ def file_fingerprint(path: PathLike) -> dict[str, Any]:
     }
 
 
+def split_fingerprint(split: Split) -> str:
+    """A SHA-1 of a split's contents (sizes, every index array, the ids).
+
+    Two splits with the same fingerprint train and evaluate the same: a run
+    resumed on other data of the same shape is told apart by it.
+    """
+    sha1 = hashlib.sha1(f'{split.num_users} {split.num_items}'.encode())
+    for name in ('train_users', 'train_items', 'test_items', 'test_negatives',
+                 'valid_items', 'valid_negatives'):
+        array = getattr(split, name)
+        sha1.update(name.encode())
+        if array is not None:
+            sha1.update(np.ascontiguousarray(array).tobytes())
+    for ids in (split.user_ids, split.item_ids):
+        if ids is not None:
+            sha1.update('\x1f'.join(map(str, ids.tolist())).encode('utf-8', 'replace'))
+    return sha1.hexdigest()
+
+
 def _normalize(value: Any) -> Any:
     """Round-trips through JSON so that keys compare as stored."""
     return json.loads(json.dumps(value, sort_keys=True))
@@ -154,6 +173,29 @@ def _make_dir(output_dir: str) -> None:
             f'({e.strerror or e})') from None
     if not os.access(output_dir, os.W_OK | os.X_OK):
         raise DataError(f'{output_dir}: output directory is not writable')
+
+
+def check_writable_dir(output_dir: str) -> None:
+    """Checks that `output_dir` is, or can be created as, a writable folder,
+    without creating anything.
+
+    Raises:
+      DataError: If it is a file, or its nearest existing parent is not a
+        writable folder.
+    """
+    path = os.path.abspath(output_dir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise DataError(f'{output_dir}: not a directory (a file is in the way)')
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise DataError(f'{output_dir}: cannot create the output directory ({existing} '
+                        'is not a directory)')
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise DataError(f'{output_dir}: output directory is not writable' if existing == path
+                        else f'{output_dir}: cannot create the output directory '
+                        f'({existing} is not writable)')
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -361,7 +403,9 @@ def load_or_compute(output_dir: PathLike, *, key: Mapping[str, Any],
                          output_dir)
         except DataError as e:
             _logger.info('Cached split is unusable (%s); recomputing', e)
-    _make_dir(output_dir)  # Fail on an unwritable folder before the work.
+    # Fail on an unwritable folder before the work, creating nothing: bad
+    # data must leave no folder behind.
+    check_writable_dir(output_dir)
     split = compute()
     write_split(split, output_dir, key=key)
     return split, False

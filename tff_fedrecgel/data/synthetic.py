@@ -23,12 +23,18 @@ Rows are returned in global timestamp order, like a log.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 import dataclasses
+import math
+import numbers
+import os
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from tff_fedrecgel.errors import DataError
+from tff_fedrecgel.errors import OptionError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,27 +64,105 @@ class SyntheticConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        """Checks the parameters.
+        """Checks the parameters' types and ranges and the memory they need.
 
         Raises:
-          DataError: On an out-of-range parameter.
+          OptionError: On a parameter of the wrong type or out of range, or
+            a size needing more memory than this machine has.
         """
-        if self.num_users < 1:
-            raise DataError(
-                f'synthetic: num_users must be >= 1, got {self.num_users}')
-        if self.min_interactions < 1:
-            raise DataError('synthetic: min_interactions must be >= 1')
-        if self.num_items < 2 * self.min_interactions:
-            raise DataError(
-                f'synthetic: num_items must be >= {2 * self.min_interactions}, '
-                f'got {self.num_items}')
-        if self.latent_dim < 1:
-            raise DataError('synthetic: latent_dim must be >= 1')
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            integral = field.type == 'int'
+            if isinstance(value, bool) or not isinstance(
+                    value, numbers.Integral if integral else numbers.Real):
+                _refuse(field.name, f'must be {"an integer" if integral else "a number"}, '
+                        f'got {value!r}')
+            if not integral and not math.isfinite(value):
+                _refuse(field.name, f'must be a finite number, got {value!r}')
+        _at_least('num_users', self.num_users, 1)
+        _at_least('min_interactions', self.min_interactions, 1)
+        _at_least('num_items', self.num_items, 2 * self.min_interactions)
+        _at_least('latent_dim', self.latent_dim, 1)
+        _at_least('seed', self.seed, 0)
+        for name in ('num_users', 'num_items', 'latent_dim', 'min_interactions'):
+            if getattr(self, name) > MAX_COUNT:
+                _refuse(name, f'must be <= {MAX_COUNT}, got {getattr(self, name)!r}')
+        if self.seed > MAX_SEED:
+            _refuse('seed', f'must be <= {MAX_SEED}, got {self.seed!r}')
         if self.mean_interactions <= self.min_interactions:
-            raise DataError(
-                'synthetic: mean_interactions must exceed min_interactions')
+            _refuse('mean_interactions', 'must exceed min_interactions, got '
+                    f'{self.mean_interactions!r}')
         if self.temperature <= 0:
-            raise DataError('synthetic: temperature must be > 0')
+            _refuse('temperature', f'must be > 0, got {self.temperature!r}')
+        need, have = self.memory_estimate(), available_memory()
+        if need > have:
+            largest = 'num_users' if self.num_users >= self.num_items else 'num_items'
+            _refuse(largest, f'={getattr(self, largest)} needs about {_size(need)} of '
+                    f'memory (num_users {self.num_users}, num_items {self.num_items}), '
+                    f'more than this machine\'s {_size(have)}; lower it')
+
+    def memory_estimate(self) -> int:
+        """Bytes a run on this data needs at least (generation, split, model).
+
+        A lower bound of the largest terms, so that sizes that cannot fit
+        are refused before anything runs; sizes that pass may still need
+        more.
+        """
+        users, items = self.num_users, self.num_items
+        rows = users * min(self.mean_interactions, items / 2)
+        # The generator's per-user arrays and one row of picks per user.
+        generation = users * (2 * self.latent_dim * 8 + self.mean_interactions * 8)
+        # The frame, its sort, the split and the clients' batches.
+        data = rows * _BYTES_PER_ROW
+        # Embeddings with their optimizer moments; 100 candidates per user.
+        model = (users + items) * _BYTES_PER_EMBEDDING + users * 100 * 8
+        return int(generation + data + model + items * self.latent_dim * 8)
+
+
+# Below this many bytes per row and per user or item embedding no run fits.
+_BYTES_PER_ROW = 64
+_BYTES_PER_EMBEDDING = 32 * 4 * 3
+# Ids are int32 in the split; the seed is numpy's.
+MAX_COUNT = 2**31 - 1
+MAX_SEED = 2**32 - 1
+
+
+def available_memory() -> int:
+    """Physical memory of this machine in bytes (very large if unknown)."""
+    try:
+        return os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+    except (OSError, ValueError, AttributeError):
+        return 2**62
+
+
+def _size(num_bytes: float) -> str:
+    for unit in ('B', 'KB', 'MB', 'GB', 'TB', 'PB'):
+        if num_bytes < 1024 or unit == 'PB':
+            return f'{num_bytes:.1f} {unit}'
+        num_bytes /= 1024
+    return f'{num_bytes:.1f} PB'
+
+
+def _refuse(option: str, problem: str):
+    raise OptionError('synthetic', option, problem)
+
+
+def _at_least(option: str, value, low) -> None:
+    if value < low:
+        _refuse(option, f'must be >= {low}, got {value!r}')
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """Checks synthetic data options (`SyntheticConfig` fields).
+
+    Raises:
+      OptionError: As `SyntheticConfig.validate`.
+    """
+    try:
+        config = dataclasses.replace(SyntheticConfig(), **options)
+    except TypeError as e:
+        raise DataError(f'synthetic: {e}') from None
+    config.validate()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -8,6 +8,9 @@ from tff_fedrecgel.program.outputs import ExperimentLock
 from tff_fedrecgel.program.outputs import ExperimentLockedError
 from tff_fedrecgel.program.outputs import ExperimentPaths
 from tff_fedrecgel.program.outputs import check_experiment_name
+from tff_fedrecgel.program.outputs import check_not_in_use
+from tff_fedrecgel.program.outputs import check_output_root
+from tff_fedrecgel.program.outputs import has_checkpoint
 from tff_fedrecgel.program.outputs import check_hparams
 from tff_fedrecgel.program.outputs import lock_experiment
 from tff_fedrecgel.program.outputs import prepare_experiment

@@ -184,6 +184,65 @@ def lock_experiment(
     return ExperimentLock(paths, handle)
 
 
+def check_output_root(root_output_dir: str | os.PathLike | None) -> None:
+    """Refuses an empty output root (it would write into the current folder)
+    and one that is a file or not writable, creating nothing.
+
+    Raises:
+      ValueError: If empty or None.
+      OSError: If a file is in the way or the nearest existing folder is not
+        writable.
+    """
+    if root_output_dir is None or not os.fspath(root_output_dir).strip():
+        raise ValueError('the output root folder must not be empty (give '
+                         '--root_output_dir a folder, e.g. runs)')
+    path = pathlib.Path(root_output_dir).expanduser().absolute()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OSError(f'cannot create output folder {path}: {existing} is not a folder')
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OSError(f'cannot create output folder {path}: {existing} is not writable')
+
+
+def check_not_in_use(*, root_output_dir: str | os.PathLike, experiment_name: str) -> None:
+    """Refuses at once a folder another live run holds, creating nothing (so
+    a busy folder is said before the data load and TensorFlow's import;
+    `lock_experiment` takes the lock itself later).
+
+    Raises:
+      ExperimentLockedError: If another live process holds the folder.
+      OSError: If the experiment path is a file.
+    """
+    root = pathlib.Path(root_output_dir) / experiment_name
+    if root.exists() and not root.is_dir():
+        raise OSError(f'cannot create output folder {root}: a file is in the way')
+    lock = ExperimentPaths(root).lock
+    try:
+        handle = open(lock, 'r', encoding='utf-8')  # pylint: disable=consider-using-with
+    except OSError:
+        return  # No lock file (or unreadable: lock_experiment says why).
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                holder = ' '.join(handle.read().split()) or 'another process'
+                raise ExperimentLockedError(
+                    f'{root} is in use by {holder}; wait for that run to end or use '
+                    'another --experiment_name') from None
+            return
+        fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def has_checkpoint(paths: ExperimentPaths) -> bool:
+    """Whether the folder holds a saved program state (a run trained in it)."""
+    return paths.checkpoints.is_dir() and any(
+        p.is_dir() and p.name[len('program_state_'):].isdigit()
+        for p in paths.checkpoints.glob('program_state_*'))
+
+
 def _changed_settings(previous: Mapping[str, Any], hparams: Mapping[str, Any]) -> list[str]:
     return sorted(
         k for k in set(previous) | set(hparams)
@@ -210,9 +269,12 @@ def check_hparams(paths: ExperimentPaths, hparams: Mapping[str, Any]) -> None:
         raise ValueError(f'{paths.hparams} is unreadable: not a JSON object')
     changed = _changed_settings(previous, hparams)
     if changed:
+        untrained = ('; nothing was trained in it (no checkpoint): remove it or use another '
+                     '--experiment_name') if not has_checkpoint(paths) else (
+                         '; use another --experiment_name')
         raise ValueError(
-            f'{paths.root} holds a run with other settings ({", ".join(changed)}); '
-            'use another --experiment_name')
+            f'{paths.root} holds a run with other settings ({", ".join(changed)})'
+            + untrained)
 
 
 def prepare_experiment(

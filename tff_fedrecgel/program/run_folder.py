@@ -43,6 +43,9 @@ def run_paths(run_dir: str | os.PathLike) -> ExperimentPaths:
       RunFolderError: If the folder or its `hparams.json` is missing.
     """
     root = pathlib.Path(run_dir).expanduser()
+    if root.exists() and not root.is_dir():
+        raise RunFolderError(f'{root}: not a folder, expected a run folder (the folder '
+                             'holding hparams.json)')
     if not root.is_dir():
         raise RunFolderError(f'{root}: run folder not found')
     paths = ExperimentPaths(root.resolve())

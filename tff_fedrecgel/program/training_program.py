@@ -28,9 +28,7 @@ import asyncio
 import collections
 from collections.abc import Callable, Iterator, Mapping
 import contextlib
-import csv
 import errno
-import io
 import json
 import math
 import os
@@ -44,11 +42,13 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-import tree
 
 from tff_fedrecgel import runtime
 from tff_fedrecgel.models import neumf
+from tff_fedrecgel.data import split_io
 from tff_fedrecgel.program import progress as progress_lib
+from tff_fedrecgel.program import run_record
+from tff_fedrecgel.program.metrics_log import MetricsLog
 from tff_fedrecgel.program import tensorboard_extras
 from tff_fedrecgel.program.evaluation_plan import SELECT_ON
 from tff_fedrecgel.program.evaluation_plan import EvaluationPlan
@@ -59,7 +59,6 @@ from tff_fedrecgel.program.selected_state import SelectedState
 from tff_fedrecgel.program.selected_state import evaluations_since
 from tff_fedrecgel.simulation import Simulation
 
-KEY_COLUMN = 'round'
 
 
 class TrainingStoppedError(ValueError):
@@ -100,45 +99,6 @@ def _writing(what: str) -> Iterator[None]:
         raise
     except (OSError, tf.errors.OpError) as e:
         raise OutputError(f'cannot write {what}: {_first_line(e)}') from None
-
-
-class _MetricsLog:
-    """Every finished round's row; `metrics.csv` is rewritten from it whole.
-
-    Columns: `round`, then the flattened names (`train/loss`, `test/hr@10`,
-    ...) in the plan's reading order (`EvaluationPlan.column_order`); values
-    as TFF's CSV release manager writes them.
-    """
-
-    def __init__(self, path, rows: list[dict[str, Any]], plan: EvaluationPlan):
-        self._path = path
-        self.rows = list(rows)
-        self._plan = plan
-
-    def add(self, round_num: int, released: Mapping[str, Any]) -> None:
-        row = {KEY_COLUMN: int(round_num)}
-        for path, value in tree.flatten_with_path(released):
-            row['/'.join(map(str, path))] = np.asarray(value).tolist()
-        self.rows = [r for r in self.rows if r[KEY_COLUMN] < round_num] + [row]
-
-    def write(self) -> None:
-        names = (k for row in self.rows for k in row if k != KEY_COLUMN)
-        columns = [KEY_COLUMN] + self._plan.column_order(names)
-        text = io.StringIO()
-        writer = csv.DictWriter(text, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(self.rows)
-        write_atomically(self._path, text.getvalue())
-
-    def to_state(self) -> np.ndarray:
-        return np.array(json.dumps(self.rows))
-
-    @staticmethod
-    def from_state(value) -> list[dict[str, Any]]:
-        value = value.item() if isinstance(value, np.ndarray) else value
-        if isinstance(value, bytes):
-            value = value.decode('utf-8')
-        return json.loads(value)
 
 
 def _warn(message: str) -> None:
@@ -182,12 +142,14 @@ class _Checkpoints:
         with _writing(f'the checkpoint of round {round_num} in {self._root}'):
             self._loop.run_until_complete(self._manager.save(state, round_num))
 
-    def load_latest(self, structures) -> tuple[Any, int, int]:
+    def load_latest(self, structures, check_record=None) -> tuple[Any, int, int]:
         """The latest readable state; (None, 0, -1) when there is none.
 
         Args:
           structures: Candidate structures, current first (older checkpoints
             may have an older structure).
+          check_record: Called with (record or None, version) before a state
+            is loaded; raises to refuse a checkpoint of another run.
 
         Returns:
           (state, version, index of the structure that fitted).
@@ -195,6 +157,9 @@ class _Checkpoints:
         versions = sorted(
             self._loop.run_until_complete(self._manager.get_versions()) or [], reverse=True)
         for i, version in enumerate(versions):
+            if check_record is not None:
+                check_record(run_record.read_record(self._root / f'{self._PREFIX}{version}'),
+                             version)
             error = None
             for index, structure in enumerate(structures):
                 try:
@@ -214,14 +179,18 @@ class _Checkpoints:
 
 
 def _program_state(simulation, best, train_seconds, eval_seconds,
-                   metrics: _MetricsLog | None = None):
-    return collections.OrderedDict(
+                   metrics: MetricsLog | None = None, record: np.ndarray | None = None):
+    """The state a checkpoint saves; without `record`, that of older versions."""
+    state = collections.OrderedDict(
         simulation=simulation.get_state(),
         best=best,
         train_seconds=np.float64(train_seconds),
         eval_seconds=np.float64(eval_seconds),
         metrics_rows=metrics.to_state() if metrics else np.array('[]'),
     )
+    if record is not None:
+        state[run_record.RECORD_KEY] = record
+    return state
 
 
 def _check_round(simulation, train: Mapping[str, float], round_num: int,
@@ -314,17 +283,41 @@ def run_training(
         loop.close()
 
 
-def _restore(simulation, checkpoints, plan):
+def _restore(simulation, checkpoints, plan, paths, hparams, record):
     """Resumes from the latest readable checkpoint; returns its state, round
-    and metrics rows (fresh values when there is none)."""
-    fresh = _program_state(simulation, plan.empty_best(), 0.0, 0.0)
-    restored, version, _ = checkpoints.load_latest([fresh])
+    and metrics rows (fresh values when there is none).
+
+    A checkpoint whose record names other settings or other data is refused
+    (`run_record.RunRecordError`). A missing `hparams.json` is rebuilt from
+    a checkpoint whose record matches, and refused for one without a record.
+    """
+    fresh = _program_state(simulation, plan.empty_best(), 0.0, 0.0, record=record)
+    legacy = _program_state(simulation, plan.empty_best(), 0.0, 0.0)
+    fingerprint = run_record.parse_record(record)['data']
+    found = {}
+
+    def check_record(saved, version):
+        run_record.check(saved, hparams=hparams, data_fingerprint=fingerprint,
+                         round_num=version, root=paths.root)
+        found[version] = saved
+
+    restored, version, _ = checkpoints.load_latest([fresh, legacy], check_record)
     if restored is None:
         return fresh, 0, []
+    if hparams and not paths.hparams.exists():
+        if found.get(version) is None:
+            raise run_record.RunRecordError(
+                f'{paths.root}: hparams.json is missing and the checkpoint of round '
+                f'{version} does not record its settings; put hparams.json back, or use '
+                'another --experiment_name')
+        with _writing(str(paths.hparams)):
+            write_atomically(paths.hparams,
+                             json.dumps(dict(hparams), indent=2, sort_keys=True) + '\n')
+        _warn(f'{paths.hparams} was missing; rebuilt from the checkpoint of round {version}')
     simulation.restore(restored['simulation'])
     logging.info('resumed from the checkpoint of round %d', version)
     print(f'resuming from the checkpoint of round {version}', flush=True)
-    return restored, version, _MetricsLog.from_state(restored['metrics_rows'])
+    return restored, version, MetricsLog.from_state(restored['metrics_rows'])
 
 
 def _prune_temporary_files(paths: ExperimentPaths) -> None:
@@ -352,12 +345,14 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
     _prune_temporary_files(paths)
     checkpoints = _Checkpoints(paths, loop)
     simulation.initialize()
-    program_state, last_checkpoint, rows = _restore(simulation, checkpoints, plan)
+    record = run_record.make_record(hparams, split_io.split_fingerprint(simulation.split))
+    program_state, last_checkpoint, rows = _restore(simulation, checkpoints, plan, paths,
+                                                    hparams, record)
     best = program_state['best']
     train_seconds = float(program_state['train_seconds'])
     eval_seconds = float(program_state['eval_seconds'])
 
-    metrics = _MetricsLog(paths.metrics_csv, rows, plan)
+    metrics = MetricsLog(paths.metrics_csv, rows, plan)
     with _writing(str(paths.metrics_csv)):
         # Drops rows of rounds after the checkpoint (run again below) and
         # restores a file deleted or garbled since.
@@ -424,7 +419,8 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
             )
             if checkpoint_due:
                 checkpoints.save(
-                    _program_state(simulation, best, train_seconds, eval_seconds, metrics),
+                    _program_state(simulation, best, train_seconds, eval_seconds, metrics,
+                                   record),
                     round_num,
                 )
                 last_checkpoint = round_num
