@@ -286,7 +286,7 @@ def _headline(headline) -> str:
     protocol = 'full ranking' if suffix else 'sampled, 99 negatives'
     served = ('; recommend.py, export.py and api.load_run serve this round'
               if headline['selection'].startswith('valid') else '')
-    return (f'round {headline["round"]}, {headline["chosen"]}: test HR@10 '
+    return (f'result: round {headline["round"]}, {headline["chosen"]}: test HR@10 '
             f'{headline[f"test{suffix}/hr@10"]:.4f}, NDCG@10 '
             f'{headline[f"test{suffix}/ndcg@10"]:.4f} ({protocol}){served}')
 

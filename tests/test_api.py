@@ -23,6 +23,7 @@ import pytest
 import worker_watch
 
 from tff_fedrecgel import api
+from tff_fedrecgel.program import training_thread
 from tff_fedrecgel import evaluation
 from tff_fedrecgel import recommendation
 from tff_fedrecgel import run_settings
@@ -453,7 +454,7 @@ def test_training_beside_a_running_event_loop():
             check_stop()
 
     async def in_loop(run):
-        return api._run_training_here_or_in_thread(run)  # pylint: disable=protected-access
+        return training_thread.run_here_or_in_thread(run)  # pylint: disable=protected-access
 
     loop = asyncio.new_event_loop()
     try:
@@ -464,7 +465,7 @@ def test_training_beside_a_running_event_loop():
             loop.run_until_complete(in_loop(until_stopped))
     finally:
         loop.close()
-    assert api._run_training_here_or_in_thread(where)[0] is threading.main_thread()  # pylint: disable=protected-access
+    assert training_thread.run_here_or_in_thread(where)[0] is threading.main_thread()  # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize('preset', [None, '1'])

@@ -18,8 +18,10 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRAIN = str(REPO / 'launch' / 'train.py')
 # A small synthetic population: quick rounds, 99 test negatives available.
+# The paper's settings (generated data defaults to --preset=auto, whose
+# tests are test_presets.py and test_selected_round.py).
 SMALL = ['--task=synthetic', '--num_users=80', '--num_items=400',
-         '--progress=false']
+         '--progress=false', '--preset=paper']
 TIMING_COLUMNS = ('train/round_seconds', 'eval_seconds')
 
 
