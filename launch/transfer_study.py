@@ -175,14 +175,15 @@ def leave_one_out(runs: pd.DataFrame, base: Mapping) -> list[dict]:
     ranking over the best candidate's there, averaged), and its test
     figures on the one left out."""
     seed0 = runs[runs.seed == 0]
+    needed = {d for d in DATASETS if counted(base, d)}
     complete = [c.name for c in CANDIDATES
-                if set(seed0[seed0.candidate == c.name].dataset) >= set(DATASETS)]
+                if set(seed0[seed0.candidate == c.name].dataset) >= needed]
     scores = seed0[seed0.candidate.isin(complete)].pivot(
         index='candidate', columns='dataset', values='valid_full_hr')
     relative = scores / scores.max(axis=0)
     out = []
-    for left_out in DATASETS:
-        chooses = [d for d in DATASETS if d != left_out and counted(base, d)]
+    for left_out in [d for d in DATASETS if d in set(seed0.dataset)]:
+        chooses = [d for d in DATASETS if d != left_out and d in needed]
         if relative.empty or not chooses:
             continue
         choice = relative[chooses].mean(axis=1).idxmax()
@@ -241,5 +242,20 @@ def report_lines(root: pathlib.Path, recipe_rows: pd.DataFrame) -> list[str]:
             f'{r["choice"]} | {r["seeds"]} | {r["test_hr"]:.4f} | '
             f'{r.get("gap_sampled", float("nan")):.2f} | {r["test_full_hr"]:.4f} | '
             f'{r.get("gap_full", float("nan")):.2f} | {"yes" if r["counted"] else "no"} |')
+    lines += ['', f'### `--preset=auto` (`{CHOSEN.name}`) over seeds', '',
+              '| dataset | seeds | test HR@10 s | gap closed s | test HR@10 f | gap closed f |',
+              '|---|---|---|---|---|---|']
+    for dataset in DATASETS:
+        mine = runs[(runs.dataset == dataset) & (runs.candidate == CHOSEN.name)] if len(
+            runs) else runs
+        floor, ceiling = base.get((dataset, 'itempop')), base.get((dataset, 'central'))
+        if not len(mine) or not (floor and ceiling):
+            continue
+        cells = []
+        for column in ('test_hr', 'test_full_hr'):
+            mean, std = mine[column].mean(), mine[column].std(ddof=1) if len(mine) > 1 else 0.0
+            spread = f' ± {std:.4f}' if len(mine) > 1 else ''
+            cells += [f'{mean:.4f}{spread}', _gap(mean, floor[column], ceiling[column])]
+        lines.append(f'| {TITLES[dataset]} | {len(mine)} | {" | ".join(cells)} |')
     return lines + ['', 'Recipes: ' + '; '.join(f'`{c.name}`: {c.description}'
                                                  for c in CANDIDATES) + '.']

@@ -51,7 +51,7 @@ def datasets_dir() -> pathlib.Path:
 # The small synthetic run of the command-line tests: 80 users, 6 rounds,
 # a checkpoint every 2 rounds, validation on.
 TRAIN_SMALL_RUN = ('--task=synthetic', '--num_users=80', '--num_items=400',
-                   '--progress=false', '--total_rounds=6',
+                   '--progress=false', '--preset=paper', '--total_rounds=6',
                    '--rounds_per_checkpoint=2', '--validation')
 
 

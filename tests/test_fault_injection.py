@@ -246,9 +246,10 @@ def test_full_disk_is_one_line_then_resumes(reference, small_disk):
     reference_rows, reference_summary, _ = reference
     filler = small_disk / 'filler'
     stat = os.statvfs(small_disk)
-    # Room for one checkpoint (1.5 MB) and the small files, not for two.
+    # Room for the first checkpoint and the validation-selected state beside
+    # it (1.5 MB each) and the small files, not for more.
     with open(filler, 'wb') as f:
-        f.write(b'\0' * (stat.f_bavail * stat.f_frsize - 2_500_000))
+        f.write(b'\0' * (stat.f_bavail * stat.f_frsize - 4_200_000))
     run = Run(_args(small_disk), small_disk.parent / 'full.txt')
     code = run.wait()
     output = run.output()
