@@ -76,26 +76,17 @@ class Run:
     def flags(self, data_dir: str) -> list[str]:
         """`launch/train.py` flags of this run (without the output flags)."""
         data = [] if tasks.get_task(self.dataset).raw_file is None else [f'--data_dir={data_dir}']
-        out = [f'--task={self.dataset}', *data,
-               f'--algorithm={self.method}', f'--seed={self.seed}']
-        if self.validation:
-            out.append('--validation')
-        if self.rho_sh is not None:
-            out.append(f'--rho_sh={self.rho_sh:g}')
-        if self.rho_ns is not None:
-            out.append(f'--rho_ns={self.rho_ns:g}')
-        if self.sharpness_probe is not None:
-            out.append(f'--sharpness_probe={self.sharpness_probe:g}')
-        if self.total_rounds is not None:
-            out.append(f'--total_rounds={self.total_rounds}')
-        if self.preset != 'paper':
-            out.append(f'--preset={self.preset}')
-        if self.heldout_users:
-            out.append(f'--heldout_users={self.heldout_users:g}')
-        if self.eval_protocol != 'sampled':
-            out.append(f'--eval_protocol={self.eval_protocol}')
-        if self.rounds_per_full_eval is not None:
-            out.append(f'--rounds_per_full_eval={self.rounds_per_full_eval}')
+        out = [f'--task={self.dataset}', *data, f'--algorithm={self.method}',
+               f'--seed={self.seed}', *(['--validation'] if self.validation else [])]
+        # (flag, value, the value that needs no flag), in order.
+        optional = (('rho_sh', self.rho_sh, None), ('rho_ns', self.rho_ns, None),
+                    ('sharpness_probe', self.sharpness_probe, None),
+                    ('total_rounds', self.total_rounds, None), ('preset', self.preset, 'paper'),
+                    ('heldout_users', self.heldout_users or None, None),
+                    ('eval_protocol', self.eval_protocol, 'sampled'),
+                    ('rounds_per_full_eval', self.rounds_per_full_eval, None))
+        out += [f'--{name}={value:g}' if isinstance(value, float) else f'--{name}={value}'
+                for name, value, needless in optional if value not in (None, needless)]
         return out + list(self.extra)
 
 
