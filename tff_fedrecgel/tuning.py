@@ -230,11 +230,12 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
             config.task, run_dir=run_dir, split=split, algorithm=config.algorithm,
             preset=recipes.PAPER, validation=True, eval_protocol=config.eval_protocol,
             seed=config.seed, **{**config.base, **values})
-        state = 'complete'
+        state, summary = 'failed', None
         try:
             summary = experiment.train(on_round_end=report)
+            state = 'complete'
         except optuna.TrialPruned:
-            state, summary = 'pruned', None
+            state = 'pruned'
             raise
         finally:
             wall = time.perf_counter() - start
