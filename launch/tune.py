@@ -98,16 +98,14 @@ def main(argv: list[str]) -> int:
         raise DataError(f'--algorithm={method.name}: the search covers the FedRecGEL '
                         'family (fedrecgel, fedncf, sam_global, sam_local, fedmf)')
     fixed = _fixed_settings(task)
-    # Every fixed value is checked now, before anything is written.
-    run_settings.settings(task.name, algorithm=method.name, preset='paper',
-                          validation=True, **fixed)
     from tff_fedrecgel import tuning  # pylint: disable=g-import-not-at-top
 
-    space = [d for d in tuning.search_space(_SPACE.value) if d.name not in fixed]
-    config = tuning.TuneConfig(
-        task=task.name, algorithm=method.name, trials=_TRIALS.value,
-        max_minutes=_MAX_MINUTES.value, objective=_OBJECTIVE.value, space=tuple(space),
-        seed=algo.SEED.value, base={k: v for k, v in fixed.items()})
+    # Every fixed value is checked now, before anything is written.
+    config = tuning.TuneConfig.create(
+        task.name, algorithm=method.name, space=_SPACE.value, fixed=fixed,
+        objective=_OBJECTIVE.value, trials=_TRIALS.value, max_minutes=_MAX_MINUTES.value,
+        seed=algo.SEED.value)
+    space = config.space
     root = _ROOT_OUTPUT_DIR.value or os.path.join('runs', f'tune_{task.name}_{method.name}')
     split = task.load_split(data_dir=fixed['data_dir'], validation=True,
                             **fixed['data_options'])

@@ -463,12 +463,9 @@ def tune(task: str, *, root: str | os.PathLike, trials: int = 20,
     """
     from tff_fedrecgel import tuning  # pylint: disable=g-import-not-at-top
 
-    settings(task, algorithm=algorithm, preset=recipes.PAPER, validation=True, **fixed)
-    dims = tuple(d for d in tuning.search_space(space) if d.name not in fixed)
-    config = tuning.TuneConfig(task=task, algorithm=algorithm, trials=trials,
-                               max_minutes=max_minutes,
-                               objective=objective or tuning.DEFAULT_OBJECTIVE,
-                               space=dims, seed=seed, base=fixed)
+    config = tuning.TuneConfig.create(task, algorithm=algorithm, space=space, fixed=fixed,
+                                      objective=objective, trials=trials,
+                                      max_minutes=max_minutes, seed=seed)
     split = prepare_data(task, data_dir=fixed.get('data_dir'), validation=True,
                          **fixed.get('data_options', {}))
     with Session():

@@ -355,6 +355,12 @@ _FEDRECON_UNUSED = ('update', 'local_epochs', 'client_lr', 'client_weighting',
 NOT_PRESETTABLE = ('task', 'algorithm', 'data_dir', 'data_options', 'preset')
 
 
+def _task_defaults(spec: tasks.Task) -> dict[str, Any]:
+    """The settings whose defaults a task owns (the others are `Settings`')."""
+    return {'client_fraction': spec.client_fraction, 'total_rounds': spec.total_rounds,
+            'rho_sh': spec.rho_sh, 'rho_ns': spec.rho_ns}
+
+
 def settings(task: str, *, algorithm: str = methods.FEDRECGEL,
              rho_sh: float | None = None, rho_ns: float | None = None,
              total_rounds: int | None = None, client_fraction: float | None = None,
@@ -397,8 +403,7 @@ def settings(task: str, *, algorithm: str = methods.FEDRECGEL,
             raise SettingError(name, f'must be {fixed} for {algorithm} (or left out)', given)
     explicit = {'client_fraction': client_fraction, 'total_rounds': total_rounds,
                 'rho_sh': rho_sh, 'rho_ns': rho_ns}
-    fallback = {'client_fraction': spec.client_fraction, 'total_rounds': spec.total_rounds,
-                'rho_sh': spec.rho_sh, 'rho_ns': spec.rho_ns}
+    fallback = _task_defaults(spec)
     chosen = {name: (value if value is not None else from_preset.get(name, fallback[name]))
               for name, value in explicit.items()}
     radii = method.radii(chosen['rho_sh'], chosen['rho_ns'])
@@ -434,8 +439,7 @@ def preset_banner(run: Settings, data_profile: recipes.DataProfile | None) -> st
     if run.preset == recipes.PAPER:
         return ('preset paper: the paper\'s protocol, which ranks near item popularity '
                 '(docs/RESULTS.md); --preset=auto learns')
-    fallback = {'client_fraction': spec.client_fraction, 'total_rounds': spec.total_rounds,
-                'rho_sh': spec.rho_sh, 'rho_ns': spec.rho_ns}
+    fallback = _task_defaults(spec)
     changed = []
     for name, value in spec.preset(run.preset, data_profile).items():
         before = fallback[name] if name in fallback else default(name)

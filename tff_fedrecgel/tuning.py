@@ -159,6 +159,30 @@ class TuneConfig:
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise DataError(f'max_minutes must be > 0, got {self.max_minutes}')
 
+    @classmethod
+    def create(cls, task: str, *, algorithm: str = methods.FEDRECGEL,
+               space: Sequence[str] | None = None, fixed: Mapping[str, Any] | None = None,
+               objective: str | None = None, **options: Any) -> 'TuneConfig':
+        """A search whose fixed settings are checked first and left out of
+        the searched space.
+
+        Args:
+          task, algorithm: As the attributes.
+          space: Names of `SEARCH_SPACE` dimensions (default: all).
+          fixed: Settings every trial shares (`base`).
+          objective: The validation metric (default `DEFAULT_OBJECTIVE`).
+          **options: `trials`, `max_minutes`, `seed`.
+
+        Raises:
+          DataError, ValueError: On a bad fixed setting or dimension name.
+        """
+        fixed = dict(fixed or {})
+        run_settings.settings(task, algorithm=algorithm, preset=recipes.PAPER,
+                              validation=True, **fixed)
+        dims = tuple(d for d in search_space(space) if d.name not in fixed)
+        return cls(task=task, algorithm=algorithm, space=dims, base=fixed,
+                   objective=objective or DEFAULT_OBJECTIVE, **options)
+
     @property
     def eval_protocol(self) -> str:
         return 'both' if self.objective.startswith('valid_full/') else 'sampled'
