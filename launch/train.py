@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
-import shutil
 import sys
 import time
 
@@ -250,34 +248,17 @@ def main(argv: list[str]) -> int:
         from tff_fedrecgel.simulation.transport import parse_worker_addresses  # pylint: disable=g-import-not-at-top
         parse_worker_addresses(_WORKERS.value)
 
-    folder = (pathlib.Path(_ROOT_OUTPUT_DIR.value) / experiment).absolute()
-    created = [p for p in (folder, *folder.parents) if not p.exists()]
-    with program.lock_experiment(root_output_dir=_ROOT_OUTPUT_DIR.value,
-                                 experiment_name=experiment) as paths:
-        program.check_hparams(paths, hparams)
-        try:
+    paths = None
+    try:
+        with program.open_run(root_output_dir=_ROOT_OUTPUT_DIR.value,
+                              experiment_name=experiment, hparams=hparams) as paths:
             return _train(task, settings, hparams, split, clients, privacy, paths, profile)
-        except Exception as e:
-            if created and not program.has_checkpoint(paths):
-                # Nothing was trained: leave no folder that would refuse the
-                # corrected command as "a run with other settings".
-                _remove_created(created)
-            elif isinstance(e, program.TrainingStoppedError):
-                raise program.TrainingStoppedError(
-                    f'{e}; {paths.root} keeps this run\'s settings, so run a changed '
-                    'command under another --experiment_name') from None
-            raise
-
-
-def _remove_created(created: list[pathlib.Path]) -> None:
-    """Removes the experiment folder (`created[0]`), then the parents this
-    run created, while they are empty."""
-    shutil.rmtree(created[0], ignore_errors=True)
-    for parent in created[1:]:
-        try:
-            parent.rmdir()
-        except OSError:
-            break
+    except program.TrainingStoppedError as e:
+        if paths is None or not paths.hparams.exists():
+            raise  # Nothing was trained: open_run removed what it wrote.
+        raise program.TrainingStoppedError(
+            f'{e}; {paths.root} keeps this run\'s settings, so '
+            'run a changed command under another --experiment_name') from None
 
 
 def _headline(headline) -> str:
@@ -312,13 +293,6 @@ def _train(task, settings: run_settings.Settings, hparams: dict, split, clients:
     sim = settings.build_simulation(split, one_user_per_client=one_user,
                                     model_aggregator=aggregator, workers=_WORKERS.value)
     logging.info('built the TFF process in %.1f s', time.perf_counter() - start)
-    # Everything is checked: record the settings (a resumed run must match).
-    # Without hparams.json but with checkpoints, the training program checks
-    # the checkpoint's own record first and rebuilds the file from it.
-    if paths.hparams.exists() or not program.has_checkpoint(paths):
-        program.prepare_experiment(
-            root_output_dir=paths.root.parent, experiment_name=paths.root.name,
-            hparams=hparams)
     print(f'outputs: {paths.root}', flush=True)
     print(f'view the curves: {_entry.tensorboard_command(paths.tensorboard)}',
           flush=True)

@@ -258,14 +258,8 @@ class Experiment:
                 on_round_end=round_end,
                 early_stopping_patience=run_settings.early_stopping_patience)
 
-        with program.lock_experiment(root_output_dir=self.paths.root.parent,
-                                     experiment_name=self.paths.root.name) as paths:
-            program.check_hparams(paths, hparams)
-            if paths.hparams.exists() or not program.has_checkpoint(paths):
-                # Else the training program checks the checkpoint's own
-                # record and rebuilds hparams.json from it.
-                program.prepare_experiment(root_output_dir=paths.root.parent,
-                                           experiment_name=paths.root.name, hparams=hparams)
+        with program.open_run(root_output_dir=self.paths.root.parent,
+                              experiment_name=self.paths.root.name, hparams=hparams) as paths:
             self._has_state = False
             summary = training_thread.run_here_or_in_thread(run)
         self.settings = run_settings

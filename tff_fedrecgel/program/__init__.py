@@ -14,6 +14,7 @@ from tff_fedrecgel.program.outputs import has_checkpoint
 from tff_fedrecgel.program.outputs import check_hparams
 from tff_fedrecgel.program.outputs import lock_experiment
 from tff_fedrecgel.program.outputs import prepare_experiment
+from tff_fedrecgel.program.session import open_run
 
 
 def __getattr__(name):
