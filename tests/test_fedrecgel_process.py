@@ -60,10 +60,10 @@ def _numpy(structure):
 
 def _process(model_config, work, **kwargs):
     """The round with one user per TFF client (the deployable form)."""
-    return fedrecgel.build_fedrecgel_process(
+    return fedrecgel.build_round_pieces(
         model_config=model_config,
         client_update=client_update.build_client_update(model_config, work, single_user=True),
-        **kwargs)
+        **kwargs).process
 
 
 def _adam_step(weights, gradients, lr):

@@ -81,9 +81,9 @@ def test_fedrecon_round_is_reconstruct_mode_without_sam():
     batches = [(rng.integers(0, SMALL.num_items, n).astype(np.int32),
                 (rng.random(n) < 0.3).astype(np.float32)) for n in (10, 13, 40, 7)]
     theirs = fedrecon.build_fedrecon_process(model_config=SMALL, init_seed=3)
-    ours = fedrecgel.build_fedrecgel_process(
+    ours = fedrecgel.build_round_pieces(
         model_config=SMALL, init_seed=3, client_update=client_update.build_client_update(
-            SMALL, fedrecon.matching_client_work(), single_user=True))
+            SMALL, fedrecon.matching_client_work(), single_user=True)).process
     state, our_state = theirs.initialize(), ours.initialize()
     assert _max_diff(theirs.get_model_weights(state).trainable,
                      our_state.global_weights) == 0

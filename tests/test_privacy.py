@@ -66,10 +66,10 @@ def cohort():
 
 def _one_round(cohort, aggregator):
     """(old weights, new weights, metrics) of one round with server SGD(1)."""
-    process = fedrecgel.build_fedrecgel_process(
+    process = fedrecgel.build_round_pieces(
         model_config=CONFIG, model_aggregator=aggregator,
         client_update=client_update.build_client_update(CONFIG, WORK, single_user=True),
-        server_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=1.0))
+        server_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=1.0)).process
     state = process.initialize()
     old = [np.asarray(w) for w in state['global_weights']]
     new_state, _, metrics = process.next(state, *cohort)

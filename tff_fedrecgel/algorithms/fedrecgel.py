@@ -36,6 +36,7 @@ import tensorflow_federated as tff
 
 from tff_fedrecgel.algorithms import client_update as client_update_lib
 from tff_fedrecgel.algorithms import local_training
+from tff_fedrecgel.algorithms import model_client_work
 from tff_fedrecgel.models import neumf
 
 SERVER_ADAM_EPSILON = local_training.ADAM_EPSILON
@@ -182,7 +183,7 @@ def build_round_pieces(
     model_aggregator: Aggregator | None = None,
     init_seed: int = 0,
 ) -> RoundPieces:
-    """Assembles the FedRecGEL round from its parts and hands them out.
+    """Assembles the NeuMF round from its parts and hands them out.
 
     Args:
       model_config: The NeuMF sizes (`use_mlp=False` gives FedMF's GMF model).
@@ -201,9 +202,38 @@ def build_round_pieces(
     Returns:
       A `RoundPieces` (see the module docstring for the process's types).
     """
+    return compose_round(
+        global_specs=neumf.global_weight_specs(model_config),
+        initial_global_weights=lambda: [
+            tf.identity(v) for v in neumf.NeuMF(model_config, seed=init_seed).global_variables],
+        client_update=client_update, server_optimizer=server_optimizer,
+        model_aggregator=model_aggregator)
+
+
+def compose_round(
+    *,
+    global_specs: list[tf.TensorSpec],
+    initial_global_weights: Callable[[], list[tf.Tensor]],
+    client_update: client_update_lib.ClientUpdate,
+    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+    model_aggregator: Aggregator | None = None,
+) -> RoundPieces:
+    """Composes the round from the distributor, the client work, the
+    aggregator and the finalizer, for any model.
+
+    Args:
+      global_specs: The specs of the global weights.
+      initial_global_weights: Returns the initial global weights (traced in
+        a TF computation).
+      client_update: The client work (a `client_update.ClientUpdate`).
+      server_optimizer: As `build_round_pieces`.
+      model_aggregator: As `build_round_pieces`.
+
+    Returns:
+      A `RoundPieces`.
+    """
     server_optimizer = server_optimizer or build_server_optimizer()
     model_aggregator = model_aggregator or tff.aggregators.MeanFactory(no_nan_division=True)
-    global_specs = neumf.global_weight_specs(model_config)
     global_type = tff.types.tensorflow_to_type(global_specs)
     weighted = isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory)
     if weighted:
@@ -213,9 +243,7 @@ def build_round_pieces(
 
     @tff.tensorflow.computation
     def initial_weights_and_optimizer():
-        model = neumf.NeuMF(model_config, seed=init_seed)
-        weights = [tf.identity(v) for v in model.global_variables]
-        return weights, server_optimizer.initialize(global_specs)
+        return initial_global_weights(), server_optimizer.initialize(global_specs)
 
     @tff.federated_computation
     def initialize_fn():
@@ -282,21 +310,47 @@ def build_round_pieces(
 
 
 def build_fedrecgel_process(
+    model_fn: model_client_work.ModelFn,
     *,
-    model_config: neumf.ModelConfig,
-    client_update: client_update_lib.ClientUpdate,
+    work: client_update_lib.ClientWorkConfig = client_update_lib.ClientWorkConfig(),
+    example_loss: model_client_work.ExampleLoss = model_client_work.sigmoid_cross_entropy,
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: Aggregator | None = None,
-    init_seed: int = 0,
 ) -> tff.templates.IterativeProcess:
-    """Builds the FedRecGEL round (FedNCF and the ablations are radii settings).
+    """Builds FedRecGEL for any partially local model, one user per client.
 
-    Args: as `build_round_pieces`.
+    In the style of `tff.learning.algorithms.build_fed_recon`: the model's
+    global variables are aggregated and stepped by the server optimizer;
+    its local variables are each user's own, kept between rounds
+    (`work.local_state='persistent'`) or rebuilt every round
+    ('reconstruct'). The client work runs the Keras SAM optimizer on the
+    model's variables (`model_client_work`). FedNCF and the ablations are
+    radii settings; FedMF is this builder on a GMF-only NeuMF
+    (`neumf.build_reconstruction_model(ModelConfig(use_mlp=False, ...))`).
+
+    Args:
+      model_fn: A no-argument function returning a new
+        `tff.learning.models.ReconstructionModel`, e.g.
+        `functools.partial(neumf.build_reconstruction_model, config)`.
+      work: What each user does (`client_update.ClientWorkConfig`).
+      example_loss: `(labels, predictions) -> [N]` per-example loss; default
+        binary cross-entropy on logits.
+      server_optimizer: As `build_round_pieces`.
+      model_aggregator: As `build_round_pieces`.
 
     Returns:
-      A `tff.templates.IterativeProcess` (see the module docstring for types).
+      A `tff.templates.IterativeProcess` (see the module docstring for types;
+      a client's state is `client_update.ClientState` shaped like the local
+      variables, its data one batch of the model's `input_spec`;
+      `model_client_work.initial_client_state` gives a new user's).
+
+    Raises:
+      ValueError: If the model has non-trainable or no local variables.
     """
-    return build_round_pieces(
-        model_config=model_config, client_update=client_update,
-        server_optimizer=server_optimizer, model_aggregator=model_aggregator,
-        init_seed=init_seed).process
+    global_specs, _, _ = model_client_work.model_specs(model_fn)
+    return compose_round(
+        global_specs=global_specs,
+        initial_global_weights=lambda: model_client_work.initial_global_weights(model_fn),
+        client_update=model_client_work.build_model_client_update(
+            model_fn, work, example_loss=example_loss),
+        server_optimizer=server_optimizer, model_aggregator=model_aggregator).process

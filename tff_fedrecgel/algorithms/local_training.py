@@ -106,7 +106,8 @@ def adam_step(state: AdamState, local: Sequence[tf.Tensor],
     """One step of TFF's Adam (`tff.learning.optimizers.build_adam`) per user.
 
     Args:
-      state: The users' Adam state.
+      state: The users' Adam state (a scalar step: one model's variables,
+        any shapes).
       local: The embedding tables, `[G, dim]` each.
       grads: Their gradients.
       learning_rate: The local learning rate.
@@ -115,14 +116,16 @@ def adam_step(state: AdamState, local: Sequence[tf.Tensor],
       `(new_state, new_local)`.
     """
     step = state.step + 1
-    t = tf.cast(step, tf.float32)[:, tf.newaxis]
+    t = tf.cast(step, tf.float32)
     lr = learning_rate * tf.sqrt(1.0 - tf.pow(ADAM_BETA_2, t)) / (
         1.0 - tf.pow(ADAM_BETA_1, t))
     new_local, new_m, new_v = [], [], []
     for w, m, v, g in zip(local, state.m, state.v, grads):
         m = m + (g - m) * (1.0 - ADAM_BETA_1)
         v = v + (tf.square(g) - v) * (1.0 - ADAM_BETA_2)
-        new_local.append(w - lr * m / (tf.sqrt(v) + ADAM_EPSILON))
+        # One rate per user (`[G]` steps), or one for all (a scalar step).
+        rate = lr if lr.shape.rank == 0 else tf.reshape(lr, [-1] + [1] * (w.shape.rank - 1))
+        new_local.append(w - rate * m / (tf.sqrt(v) + ADAM_EPSILON))
         new_m.append(m)
         new_v.append(v)
     return AdamState(step, new_m, new_v), new_local
