@@ -88,7 +88,7 @@ def test_entry_points_restore_sigint_for_the_worker():
         from launch import _entry
         from tff_fedrecgel import runtime
         _entry.setup_environment()
-        print('handled after:', signal.getsignal(signal.SIGINT) is runtime._handle_signal)
+        print('handled after:', signal.getsignal(signal.SIGINT) is runtime.signals._handle_signal)
     ''')
     returncode, out = _run_piped(code, ignore_sigint=True)
     assert returncode == 0, out

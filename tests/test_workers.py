@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import tensorflow_federated as tff
 
-from launch import workers as launcher
+from tff_fedrecgel.runtime import processes
+from tff_fedrecgel.runtime import services as launcher
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.data import preprocess
 from tff_fedrecgel.data import synthetic
@@ -62,7 +63,7 @@ def _stop(state_file: pathlib.Path, workers: list[launcher.WorkerInfo]) -> None:
 def _kill_survivors(workers: list[launcher.WorkerInfo]) -> None:
     for worker in workers:
         # Only a live worker_binary on its port: never a reused pid.
-        if launcher._is_our_worker(worker.pid, worker.port):  # pylint: disable=protected-access
+        if processes.is_worker(worker.pid, worker.port):
             _kill(worker)
 
 
@@ -224,7 +225,7 @@ def _kill(worker: launcher.WorkerInfo) -> None:
         os.waitpid(worker.pid, 0)
     except ChildProcessError:
         # Not our child (started by the script): wait until it is gone.
-        while launcher._is_our_worker(worker.pid, worker.port):  # pylint: disable=protected-access
+        while processes.is_worker(worker.pid, worker.port):
             time.sleep(0.02)
 
 
@@ -282,7 +283,7 @@ def test_start_workers_script_starts_and_stops(tmp_path):
         assert 'stopped 2 TFF workers' in stopped.stderr
         for pid, address in zip(pids, addresses):
             port = int(address.rsplit(':', 1)[1])
-            assert not launcher._is_our_worker(pid, port)  # pylint: disable=protected-access
+            assert not processes.is_worker(pid, port)
             assert not launcher.port_answers('localhost', port)
         assert not state_file.exists()
     finally:

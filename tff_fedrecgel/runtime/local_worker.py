@@ -1,4 +1,4 @@
-"""The process's TFF runtime: a local worker that never outlives it, and signals.
+"""TFF's local worker, owned by this process: it never outlives it.
 
 TFF's default context starts its C++ executor service (`worker_binary`) as a
 plain child process: killed with SIGKILL or SIGTERM, a program left it
@@ -17,15 +17,9 @@ pipe to its end hung on it. `LocalRuntime` owns the worker instead:
   reaps the worker and puts back the previous context.
 
 The binary has no flag for its listening address: it binds `[::]:N`. It lives
-only as long as this process.
-
-Signals: `install_signal_handlers` makes SIGTERM (and SIGHUP) stop a program
-the way Ctrl-C does (an exception in the main thread, so `finally` blocks and
-`atexit` run), and `deferred_signals` holds them back while a checkpoint or an
-output file is being written.
-
-`shutdown_tff_workers` stops every worker of this process, also those TFF
-started itself (e.g. after `tff.backends.native.set_sync_local_cpp_execution_context()`).
+only as long as this process. `shutdown_tff_workers` stops every worker of
+this process, also those TFF started itself (e.g. after
+`tff.backends.native.set_sync_local_cpp_execution_context()`).
 """
 
 from __future__ import annotations
@@ -41,9 +35,10 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-_WORKER_NAME = 'worker_binary'
+from tff_fedrecgel.runtime import processes
+
 _PR_SET_PDEATHSIG = 1
 # As TFF's local context: large enough for any round's values.
 _MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
@@ -61,31 +56,6 @@ class WorkerExitedError(ConnectionError):
     A `ConnectionError` (so an `OSError`): entry points print it as one
     `error: ...` line.
     """
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP arrived; handled like Ctrl-C (a `KeyboardInterrupt`).
-
-    Attributes:
-      signum: The signal number.
-    """
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-# ---------------------------------------------------------------------------
-# The local worker.
-
-
-def _worker_binary() -> str:
-    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-
-    path = os.path.join(os.path.dirname(tff.__file__), 'data', _WORKER_NAME)
-    if not os.path.isfile(path):
-        raise RuntimeError(f'TFF\'s worker binary is missing: {path}')
-    return path
 
 
 def _parent_death_preexec() -> Callable[[], None]:
@@ -180,7 +150,7 @@ class LocalRuntime:
         import portpicker  # pylint: disable=g-import-not-at-top
         import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
 
-        binary = _worker_binary()
+        binary = str(processes.worker_binary_path())
         failures = []
         for _ in range(_START_ATTEMPTS):
             port = portpicker.pick_unused_port()
@@ -339,201 +309,6 @@ def _stop_live_runtimes() -> None:
 atexit.register(_stop_live_runtimes)
 
 
-# ---------------------------------------------------------------------------
-# Signals.
-
-_TERMINATING = (signal.SIGTERM, signal.SIGHUP)
-_signal_state = {'depth': 0, 'pending': None, 'armed': False, 'unarmed': None}
-
-
-def _handle_signal(signum, frame):
-    if not _signal_state['armed']:
-        # Before the program's main code runs (imports) or after it ended:
-        # nothing to clean up that the kernel does not do.
-        unarmed = _signal_state['unarmed']
-        if unarmed is not None:
-            unarmed(signum)
-        os._exit(128 + signum)  # pylint: disable=protected-access
-    if _signal_state['depth'] > 0:
-        _signal_state['pending'] = signum
-        return
-    if _importing(frame):
-        # Raised inside an import, the exception can be swallowed by the
-        # imported code (a stopped run then went on with a half-imported
-        # module and died on it): deliver the signal again once it is over.
-        timer = threading.Timer(_REDELIVER_SECONDS, os.kill, (os.getpid(), signum))
-        timer.daemon = True
-        timer.start()
-        return
-    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
-
-
-_REDELIVER_SECONDS = 0.05
-
-
-def _importing(frame) -> bool:
-    """Whether the main thread, at `frame`, is inside an `import`."""
-    while frame is not None:
-        if frame.f_code.co_filename.startswith('<frozen importlib'):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def install_signal_handlers(*, on_early_signal=None) -> None:
-    """SIGINT, SIGTERM and SIGHUP raise in the main thread (call from it).
-
-    SIGINT raises `KeyboardInterrupt`; SIGTERM and SIGHUP raise `Terminated`
-    (a `KeyboardInterrupt`), so a terminated program unwinds like an
-    interrupted one. Until `armed_signals` is entered, a signal ends the
-    process at once with status 128 + signal.
-
-    Args:
-      on_early_signal: Called with the signal number before such an early
-        exit (e.g. to print a line).
-    """
-    _signal_state['unarmed'] = on_early_signal
-    for signum in (signal.SIGINT, *_TERMINATING):
-        signal.signal(signum, _handle_signal)
-
-
-@contextlib.contextmanager
-def armed_signals() -> Iterator[None]:
-    """Within, the handlers of `install_signal_handlers` raise exceptions."""
-    _signal_state['armed'] = True
-    try:
-        yield
-    finally:
-        _signal_state['armed'] = False
-
-
-@contextlib.contextmanager
-def deferred_signals() -> Iterator[None]:
-    """Holds SIGINT/SIGTERM back until the block ends (e.g. a checkpoint write).
-
-    Only with the handlers of `install_signal_handlers`; otherwise a no-op.
-    A signal that arrived inside the block is raised when it ends.
-    """
-    _signal_state['depth'] += 1
-    try:
-        yield
-    finally:
-        _signal_state['depth'] -= 1
-        pending = _signal_state['pending']
-        if _signal_state['depth'] == 0 and pending is not None:
-            _signal_state['pending'] = None
-            if _signal_state['armed']:
-                raise KeyboardInterrupt() if pending == signal.SIGINT else Terminated(pending)
-
-
-# ---------------------------------------------------------------------------
-# Process inspection and clean-up.
-
-
-def _children(pid: int) -> list[int]:
-    children = []
-    try:
-        for task in os.listdir(f'/proc/{pid}/task'):
-            with open(f'/proc/{pid}/task/{task}/children') as f:
-                children.extend(int(c) for c in f.read().split())
-    except OSError:
-        pass
-    return children
-
-
-def _is_worker(pid: int) -> bool:
-    try:
-        with open(f'/proc/{pid}/cmdline', 'rb') as f:
-            return _WORKER_NAME.encode() in f.read().split(b'\0')[0]
-    except OSError:
-        return False
-
-
-def _vm_hwm_kb(pid: int) -> int:
-    try:
-        with open(f'/proc/{pid}/status') as f:
-            for line in f:
-                if line.startswith('VmHWM:'):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _descendants(pid: int) -> list[int]:
-    out = []
-    for child in _children(pid):
-        out.append(child)
-        out.extend(_descendants(child))
-    return out
-
-
-def peak_rss_mb() -> float:
-    """High-water resident memory of this process plus its children (MB).
-
-    TFF's worker process does the computation, so its memory counts too.
-    """
-    pid = os.getpid()
-    return sum(_vm_hwm_kb(p) for p in [pid, *_descendants(pid)]) / 1024
-
-
-def reset_peak_rss() -> None:
-    """Restarts the high-water marks of `peak_rss_mb` (Linux clear_refs)."""
-    pid = os.getpid()
-    for p in [pid, *_descendants(pid)]:
-        try:
-            with open(f'/proc/{p}/clear_refs', 'w') as f:
-                f.write('5')
-        except OSError:
-            pass
-
-
-def worker_pids() -> list[int]:
-    """The TFF worker processes started by this process."""
-    return [pid for pid in _children(os.getpid()) if _is_worker(pid)]
-
-
-def _wait_gone(pids, timeout):
-    deadline = time.monotonic() + timeout
-    remaining = list(pids)
-    while remaining and time.monotonic() < deadline:
-        for pid in list(remaining):
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            if done == pid:
-                remaining.remove(pid)
-        if remaining:
-            time.sleep(0.02)
-    return remaining
-
-
-def _exited(pid: int) -> bool:
-    """Whether `pid` has exited (a zombie or gone), without reaping it."""
-    try:
-        with open(f'/proc/{pid}/stat') as f:
-            return f.read().rsplit(')', 1)[1].split()[0] in ('Z', 'X')
-    except (OSError, IndexError):
-        return True
-
-
-def _stop(pids: list[int], timeout: float) -> None:
-    """SIGINT (what TFF's own manager sends), then SIGKILL; never reaps."""
-    for sig in (signal.SIGINT, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not all(_exited(p) for p in pids):
-            time.sleep(0.02)
-        pids = [p for p in pids if not _exited(p)]
-        if not pids:
-            return
-
-
 def shutdown_tff_workers() -> None:
     """Stops every TFF worker this process started (no-op without TFF).
 
@@ -545,8 +320,8 @@ def shutdown_tff_workers() -> None:
     hang forever.
     """
     _stop_live_runtimes()
-    pids = worker_pids()
-    _stop(pids, timeout=5.0)
+    pids = processes.worker_pids()
+    processes.stop_processes(pids, timeout=5.0)
     tff = sys.modules.get('tensorflow_federated')
     if tff is not None:
         try:
@@ -561,4 +336,4 @@ def shutdown_tff_workers() -> None:
         except Exception:  # pylint: disable=broad-except
             pass  # Interpreter shutting down.
         gc.collect()
-    _wait_gone(pids, timeout=1.0)  # Reap what no manager reaped.
+    processes.reap(pids, timeout=1.0)  # What no manager reaped.
