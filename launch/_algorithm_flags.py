@@ -14,6 +14,7 @@ import dataclasses
 from absl import flags
 
 from launch import _data_flags
+from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import methods
 from tff_fedrecgel import run_settings
 from tff_fedrecgel import tasks
@@ -41,25 +42,26 @@ NUM_NEGATIVES = flags.DEFINE_integer(
     'num_negatives', _default('num_negatives'),
     'Training negatives per positive in a client\'s batch.')
 LOCAL_STATE = flags.DEFINE_enum(
-    'local_state', _default('local_state'), ['persistent', 'reconstruct'],
+    'local_state', _default('local_state'), list(algorithm_config.LOCAL_STATES),
     'persistent: each user keeps its embedding and Adam state across rounds; '
     'reconstruct: nothing is kept, the embedding is re-derived every round.')
 RECONSTRUCTION_STEPS = flags.DEFINE_integer(
     'reconstruction_steps', _default('reconstruction_steps'),
     'Adam steps of the reconstruct mode and FedRecon.')
 LOSS_REDUCTION = flags.DEFINE_enum(
-    'loss_reduction', _default('loss_reduction'), ['chunk_sum', 'mean'],
-    'chunk_sum: sum of the mean loss of 128-example chunks (the authors\'); '
+    'loss_reduction', _default('loss_reduction'), list(algorithm_config.LOSS_REDUCTIONS),
+    f'chunk_sum: sum of the mean loss of {algorithm_config.CLIENT_WORK.chunk_size}-example '
+    'chunks (the authors\'); '
     'mean: the plain mean.')
 UPDATE = flags.DEFINE_enum(
-    'update', _default('update'), ['gradient', 'model_delta'],
+    'update', _default('update'), list(algorithm_config.UPDATE_MODES),
     'gradient: clients upload the SAM gradient (the authors\'); model_delta: '
     'clients run --local_epochs of SAM steps and upload the weight change.')
 LOCAL_EPOCHS = flags.DEFINE_integer(
     'local_epochs', _default('local_epochs'), 'model_delta: epochs.')
 CLIENT_LR = flags.DEFINE_float('client_lr', _default('client_lr'), 'model_delta: client SGD rate.')
 CLIENT_WEIGHTING = flags.DEFINE_enum(
-    'client_weighting', _default('client_weighting'), ['uniform', 'num_examples'],
+    'client_weighting', _default('client_weighting'), list(algorithm_config.CLIENT_WEIGHTINGS),
     'Aggregation weights: uniform (the authors\') or by examples.')
 SEED = flags.DEFINE_integer(
     'seed', _default('seed'), 'Seed of initial weights, client sampling and negatives.')

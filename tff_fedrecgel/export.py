@@ -52,6 +52,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import computation_pb2
 
+from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import evaluation
 from tff_fedrecgel import ranking
 from tff_fedrecgel.algorithms import client_update as client_update_lib
@@ -299,7 +300,7 @@ def build_deployment(
     *,
     model_config: neumf.ModelConfig,
     work: client_update_lib.ClientWorkConfig = client_update_lib.ClientWorkConfig(),
-    server_lr: float = 0.001,
+    server_lr: float = algorithm_config.SERVER.learning_rate,
     init_seed: int = 0,
     top_ks: tuple[int, ...] = ranking.TOP_KS,
 ) -> Deployment:

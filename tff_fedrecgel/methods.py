@@ -11,15 +11,13 @@ from __future__ import annotations
 import dataclasses
 import numbers
 
+from tff_fedrecgel.algorithm_config import SERVER_OPTIMIZERS
 from tff_fedrecgel.errors import SettingError
 
 FEDRECGEL = 'fedrecgel'
 FEDRECON = 'fedrecon'
 ITEMPOP = 'itempop'
 CENTRAL = 'central'
-# `tff.learning.optimizers` a server may apply to the averaged update
-# (`fedrecgel.build_server_optimizer`); Adam is the authors'.
-SERVER_OPTIMIZERS = ('adam', 'yogi', 'adagrad', 'sgdm', 'sgd')
 
 
 @dataclasses.dataclass(frozen=True)

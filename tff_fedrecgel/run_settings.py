@@ -19,15 +19,19 @@ from typing import Any
 
 import numpy as np
 
+from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel import tasks
+from tff_fedrecgel.data import batching
 from tff_fedrecgel.errors import DataError
 from tff_fedrecgel.errors import SettingError
 
 SIMULATIONS = ('auto', 'vectorized', 'per_user')
 PRESETS = recipes.PRESETS
 EVAL_PROTOCOLS = ('sampled', 'full', 'both')
+_WORK = algorithm_config.CLIENT_WORK
+_SERVER = algorithm_config.SERVER
 MAX_SEED = 2**32 - 1  # TFF's client sampling seeds numpy's RandomState.
 
 
@@ -161,26 +165,26 @@ class Settings:
     total_rounds: int = 100
     client_fraction: float = 0.1
     clients_per_round: int | None = None
-    rho_sh: float = 0.0
-    rho_ns: float = 0.0
-    local_lr: float = 0.1
-    server_lr: float = 0.001
-    server_optimizer: str = 'adam'
+    rho_sh: float = _WORK.rho_sh
+    rho_ns: float = _WORK.rho_ns
+    local_lr: float = _WORK.local_lr
+    server_lr: float = _SERVER.learning_rate
+    server_optimizer: str = _SERVER.optimizer
     num_negatives: int = 4
-    local_state: str = 'persistent'
-    reconstruction_steps: int = 5
-    loss_reduction: str = 'chunk_sum'
-    update: str = 'gradient'
-    local_epochs: int = 1
-    client_lr: float = 0.01
-    client_weighting: str = 'uniform'
+    local_state: str = _WORK.local_state
+    reconstruction_steps: int = _WORK.reconstruction_steps
+    loss_reduction: str = _WORK.loss_reduction
+    update: str = _WORK.update
+    local_epochs: int = _WORK.local_epochs
+    client_lr: float = _WORK.client_lr
+    client_weighting: str = _WORK.client_weighting
     eval_protocol: str = 'sampled'
     rounds_per_eval: int = 1
     rounds_per_full_eval: int | None = None
     rounds_per_checkpoint: int = 10
     seed: int = 0
     simulation: str = 'auto'
-    max_group_examples: int = 16384
+    max_group_examples: int = batching.DEFAULT_MAX_GROUP_EXAMPLES
     sharpness_probe: float | None = None
     heldout_users: float = 0.0
     early_stopping_patience: int | None = None

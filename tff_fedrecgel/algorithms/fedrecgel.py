@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_fedrecgel import algorithm_config
 from tff_fedrecgel.algorithms import client_update as client_update_lib
 from tff_fedrecgel.algorithms import local_training
 from tff_fedrecgel.algorithms import model_client_work
@@ -62,14 +63,15 @@ class ServerState(NamedTuple):
     __getitem__ = client_update_lib.item_or_field
 
 
-def build_server_optimizer(learning_rate: float = 0.001, name: str = 'adam'
+def build_server_optimizer(learning_rate: float = algorithm_config.SERVER.learning_rate,
+                           name: str = algorithm_config.SERVER.optimizer
                            ) -> tff.learning.optimizers.Optimizer:
     """A server optimizer by name; the default is the paper's Adam (step 9).
 
     Args:
       learning_rate: Its learning rate.
-      name: One of `methods.SERVER_OPTIMIZERS`: 'adam' (epsilon 1e-8, the
-        authors'), 'yogi', 'adagrad', 'sgdm' (momentum 0.9) or 'sgd'.
+      name: One of `algorithm_config.SERVER_OPTIMIZERS`: 'adam' (epsilon 1e-8,
+        the authors'), 'yogi', 'adagrad', 'sgdm' (momentum 0.9) or 'sgd'.
 
     Returns:
       A `tff.learning.optimizers.Optimizer`.
@@ -77,8 +79,7 @@ def build_server_optimizer(learning_rate: float = 0.001, name: str = 'adam'
     Raises:
       ValueError: On an unknown name or a learning rate that is not positive.
     """
-    if not 0 < learning_rate < float('inf'):
-        raise ValueError(f'the server learning rate must be positive, got {learning_rate}')
+    algorithm_config.ServerConfig(learning_rate=learning_rate, optimizer=name)
     builders = {
         'adam': lambda: tff.learning.optimizers.build_adam(
             learning_rate=learning_rate, epsilon=SERVER_ADAM_EPSILON),
@@ -88,9 +89,6 @@ def build_server_optimizer(learning_rate: float = 0.001, name: str = 'adam'
                                                           momentum=0.9),
         'sgd': lambda: tff.learning.optimizers.build_sgdm(learning_rate=learning_rate),
     }
-    if name not in builders:
-        raise ValueError(f'unknown server optimizer {name!r}; choose one of '
-                         f'{", ".join(builders)}')
     return builders[name]()
 
 

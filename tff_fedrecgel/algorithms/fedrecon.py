@@ -28,10 +28,14 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import ranking
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.algorithms import local_training
 from tff_fedrecgel.models import neumf
+
+_WORK = algorithm_config.CLIENT_WORK
+_SERVER = algorithm_config.SERVER
 
 
 class RankMetric(tf.keras.metrics.Metric):
@@ -180,9 +184,9 @@ def _check(reconstruction_steps: int, local_lr: float) -> None:
 def build_fedrecon_process(
     *,
     model_config: neumf.ModelConfig,
-    reconstruction_steps: int = 5,
-    local_lr: float = 0.1,
-    server_lr: float = 0.001,
+    reconstruction_steps: int = _WORK.reconstruction_steps,
+    local_lr: float = _WORK.local_lr,
+    server_lr: float = _SERVER.learning_rate,
     init_seed: int | None = 0,
     group_size: int | None = None,
     clients_per_round: int | None = None,
@@ -253,8 +257,8 @@ def build_fedrecon_process(
 def build_fedrecon_evaluation(
     *,
     model_config: neumf.ModelConfig,
-    reconstruction_steps: int = 5,
-    local_lr: float = 0.1,
+    reconstruction_steps: int = _WORK.reconstruction_steps,
+    local_lr: float = _WORK.local_lr,
     top_ks=ranking.TOP_KS,
 ) -> tff.learning.templates.LearningProcess:
     """FedRecon evaluation through `tff.learning.algorithms.build_fed_recon_eval`.
@@ -290,8 +294,8 @@ def build_fedrecon_evaluation(
     )
 
 
-def matching_client_work(*, reconstruction_steps: int = 5,
-                         local_lr: float = 0.1) -> client_update.ClientWorkConfig:
+def matching_client_work(*, reconstruction_steps: int = _WORK.reconstruction_steps,
+                         local_lr: float = _WORK.local_lr) -> client_update.ClientWorkConfig:
     """The project's 'reconstruct' client work that computes what FedRecon does.
 
     Zeros, then `reconstruction_steps` Adam steps on the mean loss, no SAM:

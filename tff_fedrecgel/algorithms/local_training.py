@@ -15,9 +15,9 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from tff_fedrecgel.algorithm_config import LOSS_REDUCTIONS
 from tff_fedrecgel.models import neumf
 
-LOSS_REDUCTIONS = ('chunk_sum', 'mean')
 # The local Adam's hyperparameters (TFF's `build_adam` defaults; epsilon as
 # in the authors' framework, added to sqrt(v)).
 ADAM_BETA_1 = 0.9

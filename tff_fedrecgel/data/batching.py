@@ -18,6 +18,9 @@ import numpy as np
 # shapes instead of bringing new ones (TFF's worker keeps memory per shape,
 # and every new shape retraces the compiled functions).
 PAD_MULTIPLE = 64
+# A vectorized TFF client's padded size (users x longest batch): large enough
+# for throughput, small enough for the worker's memory.
+DEFAULT_MAX_GROUP_EXAMPLES = 16384
 
 Batch = tuple[np.ndarray, np.ndarray]
 

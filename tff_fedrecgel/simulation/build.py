@@ -9,6 +9,7 @@ import numpy as np
 
 import tensorflow_federated as tff
 
+from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import methods
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.algorithms import fedrecgel
@@ -35,8 +36,8 @@ def build_simulation(
     work: client_update.ClientWorkConfig,
     clients_per_round: int,
     seed: int = 0,
-    server_lr: float = 0.001,
-    server_optimizer: str | tff.learning.optimizers.Optimizer = 'adam',
+    server_lr: float = algorithm_config.SERVER.learning_rate,
+    server_optimizer: str | tff.learning.optimizers.Optimizer = algorithm_config.SERVER.optimizer,
     num_negatives: int = 4,
     users_per_client: int | None = None,
     max_group_examples: int = fedrecgel_adapter.DEFAULT_MAX_GROUP_EXAMPLES,

@@ -28,7 +28,7 @@ from tff_fedrecgel.models import neumf
 from tff_fedrecgel.simulation import sharded_round
 from tff_fedrecgel.simulation.client_states import ClientStateTable
 
-DEFAULT_MAX_GROUP_EXAMPLES = 16384
+DEFAULT_MAX_GROUP_EXAMPLES = batching.DEFAULT_MAX_GROUP_EXAMPLES
 
 
 class FedRecGEL:

@@ -15,19 +15,24 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from tff_fedrecgel import algorithm_config
 from tff_fedrecgel.algorithms import fedrecon
 from tff_fedrecgel.data import batching
 from tff_fedrecgel.data.client_data import Batch
 from tff_fedrecgel.models import neumf
+
+_WORK = algorithm_config.CLIENT_WORK
+_SERVER = algorithm_config.SERVER
 
 
 class FedRecon:
     """FedRecon over a population (an `Algorithm` of the driver)."""
 
     def __init__(self, *, model_config: neumf.ModelConfig, clients_per_round: int,
-                 seed: int = 0, server_lr: float = 0.001, local_lr: float = 0.1,
-                 reconstruction_steps: int = 5, grouped: bool = True,
-                 max_group_examples: int = 16384):
+                 seed: int = 0, server_lr: float = _SERVER.learning_rate,
+                 local_lr: float = _WORK.local_lr,
+                 reconstruction_steps: int = _WORK.reconstruction_steps, grouped: bool = True,
+                 max_group_examples: int = batching.DEFAULT_MAX_GROUP_EXAMPLES):
         """Builds the TFF process.
 
         Args:

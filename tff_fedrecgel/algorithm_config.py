@@ -1,0 +1,110 @@
+"""What a client and the server do in a round: the one owner of those
+settings' defaults and choices.
+
+`ClientWorkConfig` is the client work's configuration and `ServerConfig`
+the server optimizer's; the run settings (`run_settings.Settings`), the
+flags, the algorithms' builders and the export take their defaults and
+choice lists from here. Imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+LOCAL_STATES = ('persistent', 'reconstruct')
+UPDATE_MODES = ('gradient', 'model_delta')
+CLIENT_WEIGHTINGS = ('uniform', 'num_examples')
+LOSS_REDUCTIONS = ('chunk_sum', 'mean')
+# `tff.learning.optimizers` a server may apply to the averaged update
+# (`fedrecgel.build_server_optimizer`); Adam is the authors'.
+SERVER_OPTIMIZERS = ('adam', 'yogi', 'adagrad', 'sgdm', 'sgd')
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientWorkConfig:
+    """What one client does in a round.
+
+    Attributes:
+      rho_sh: SAM radius of the global (shared) part; 0 skips its pass.
+      rho_ns: SAM radius of the local part (the user embedding); 0 skips it.
+      local_lr: Learning rate of the client's Adam on its user embedding.
+      loss_reduction: 'chunk_sum' sums the mean BCE of consecutive chunks of
+        `chunk_size` examples (the authors' loss); 'mean' is the plain mean.
+      chunk_size: Chunk length for 'chunk_sum' (and minibatch size for
+        'model_delta').
+      local_state: 'persistent' keeps the user embedding and its Adam state on
+        the client across rounds; 'reconstruct' keeps nothing and rebuilds the
+        embedding each round from zeros by `reconstruction_steps` Adam steps on
+        the client's round batch, the global part fixed.
+      reconstruction_steps: Adam steps of a reconstruction (the 'reconstruct'
+        mode, and users whose embedding is rebuilt for evaluation).
+      update: 'gradient' uploads the SAM gradient of the global part at the
+        received point (the authors' algorithm); 'model_delta' runs
+        `local_epochs` epochs of SAM steps over minibatches, moving the global
+        part by SGD with `client_lr`, and uploads received minus final weights.
+      local_epochs: Epochs of the 'model_delta' mode.
+      client_lr: SGD learning rate of the global part in 'model_delta' mode.
+      client_weighting: 'uniform' (the authors' unweighted mean) or
+        'num_examples'.
+    """
+
+    rho_sh: float = 0.0
+    rho_ns: float = 0.0
+    local_lr: float = 0.1
+    loss_reduction: str = 'chunk_sum'
+    chunk_size: int = 128
+    local_state: str = 'persistent'
+    reconstruction_steps: int = 5
+    update: str = 'gradient'
+    local_epochs: int = 1
+    client_lr: float = 0.01
+    client_weighting: str = 'uniform'
+
+    def __post_init__(self):
+        for name, value, allowed in (
+            ('loss_reduction', self.loss_reduction, LOSS_REDUCTIONS),
+            ('local_state', self.local_state, LOCAL_STATES),
+            ('update', self.update, UPDATE_MODES),
+            ('client_weighting', self.client_weighting, CLIENT_WEIGHTINGS),
+        ):
+            if value not in allowed:
+                raise ValueError(f'{name} must be one of {allowed}, got {value!r}')
+        for name in ('rho_sh', 'rho_ns'):
+            if not getattr(self, name) >= 0:  # Also refuses NaN.
+                raise ValueError(f'{name} must be >= 0, got {getattr(self, name)}')
+        for name in ('local_lr', 'client_lr'):
+            if not 0 < getattr(self, name) < float('inf'):
+                raise ValueError(f'{name} must be positive and finite, got '
+                                 f'{getattr(self, name)}')
+        if self.chunk_size < 1 or self.local_epochs < 1 or self.reconstruction_steps < 1:
+            raise ValueError('chunk_size, local_epochs and reconstruction_steps '
+                             'must be positive')
+
+    @property
+    def persistent(self) -> bool:
+        return self.local_state == 'persistent'
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """The server's step on the aggregated update.
+
+    Attributes:
+      learning_rate: The server optimizer's learning rate (the paper's 0.001).
+      optimizer: One of `SERVER_OPTIMIZERS`.
+    """
+
+    learning_rate: float = 0.001
+    optimizer: str = 'adam'
+
+    def __post_init__(self):
+        if not 0 < self.learning_rate < float('inf'):
+            raise ValueError('the server learning rate must be positive, got '
+                             f'{self.learning_rate}')
+        if self.optimizer not in SERVER_OPTIMIZERS:
+            raise ValueError(f'unknown server optimizer {self.optimizer!r}; choose one of '
+                             f'{", ".join(SERVER_OPTIMIZERS)}')
+
+
+CLIENT_WORK = ClientWorkConfig()
+SERVER = ServerConfig()
