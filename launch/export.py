@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
         raise DataError('--output_dir is required')
     output_dir = _check_output_dir(_OUTPUT_DIR.value)
     settings = algo.settings(task)  # Flag errors fail before the data is read.
-    if methods.get_method(algo.ALGORITHM.value).algorithm != methods.FEDRECGEL:
+    if not methods.get_method(algo.ALGORITHM.value).exports:
         raise ValueError(f'--algorithm={algo.ALGORITHM.value} is not of the FedRecGEL '
                          'family, which is what export exports')
     # Only the item count is needed from the data; read it before the slow

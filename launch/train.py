@@ -187,24 +187,12 @@ def _privacy_pieces(privacy, clients: int, num_users: int, total_rounds: int):
     return aggregator, report
 
 
-# Flags each non-FedRecGEL method has no use for (it would ignore them).
-_TRAINING_FLAGS = ('local_state', 'loss_reduction', 'update', 'local_epochs', 'client_lr',
-                   'client_weighting', 'workers', 'sharpness_probe', 'server_optimizer')
-_UNUSED_FLAGS = {
-    methods.FEDRECON: _TRAINING_FLAGS + ('num_negatives',),
-    methods.ITEMPOP: _TRAINING_FLAGS + ('num_negatives', 'local_lr', 'server_lr',
-                                        'rho_sh', 'rho_ns', 'reconstruction_steps'),
-    methods.CENTRAL: _TRAINING_FLAGS + ('server_lr', 'rho_sh', 'rho_ns'),
-}
-
-
 def _check_method(algorithm: str, *, private: bool) -> None:
     """Refuses flags the method has no use for (it would ignore them)."""
-    kind = methods.get_method(algorithm).algorithm
-    if kind == methods.FEDRECGEL:
-        return
-    unused = [f'--{name}' for name in _UNUSED_FLAGS[kind] if flags.FLAGS[name].present]
-    if private and kind != methods.ITEMPOP:
+    method = methods.get_method(algorithm)
+    unused = [f'--{name}' for name in method.refused(methods.TRAINING_SETTINGS)
+              if flags.FLAGS[name].present]
+    if private and not method.private:
         unused.append('DP / secure aggregation')
     if unused:
         raise ValueError(f'--algorithm={algorithm} does not take {", ".join(unused)}')

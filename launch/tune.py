@@ -94,9 +94,10 @@ def main(argv: list[str]) -> int:
         raise DataError(f'a search sets {", ".join(given)} itself (trials train on '
                         'the validation item); drop them')
     method = methods.get_method(algo.ALGORITHM.value)
-    if method.algorithm != methods.FEDRECGEL:
+    if not method.tunable:
+        tunable = ', '.join(m.name for m in methods.METHODS.values() if m.tunable)
         raise DataError(f'--algorithm={method.name}: the search covers the FedRecGEL '
-                        'family (fedrecgel, fedncf, sam_global, sam_local, fedmf)')
+                        f'family ({tunable})')
     fixed = _fixed_settings(task)
     from tff_fedrecgel import tuning  # pylint: disable=g-import-not-at-top
 

@@ -78,7 +78,7 @@ _ENUMS = ('task', 'algorithm', 'eval_protocol', 'simulation', 'server_optimizer'
           'local_state', 'loss_reduction', 'update', 'client_weighting', 'preset')
 _BOOLS = ('validation', 'progress', 'csv_header', 'dp_adaptive_clip', 'secure_aggregation')
 
-# Flags each baseline does not take (`train._UNUSED_FLAGS`), with a value.
+# Flags each baseline does not take (`methods.Method.takes`), with a value.
 _METHOD_FLAGS = {
     'itempop': ['--local_epochs=2', '--client_lr=0.1', '--update=model_delta',
                 '--local_state=reconstruct', '--loss_reduction=mean', '--num_negatives=2',
@@ -87,7 +87,7 @@ _METHOD_FLAGS = {
                 '--workers=localhost:1', '--sharpness_probe=0.1', '--server_optimizer=sgd'],
     'fedrecon': ['--local_epochs=2', '--client_lr=0.1', '--update=model_delta',
                  '--local_state=persistent', '--loss_reduction=chunk_sum',
-                 '--num_negatives=2', '--client_weighting=num_examples',
+                 '--client_weighting=num_examples',
                  '--sharpness_probe=0.1', '--server_optimizer=sgd', '--dp_noise_multiplier=1'],
     'central': ['--local_epochs=2', '--client_lr=0.1', '--update=model_delta',
                 '--server_lr=0.01', '--rho_sh=0.1', '--rho_ns=0.1', '--workers=localhost:1',

@@ -2,14 +2,21 @@
 
 FedRecGEL, FedNCF and the two SAM ablations are one algorithm with different
 SAM radii; FedMF is it on the GMF-only model; FedRecon is TFF's Federated
-Reconstruction on the same NeuMF. The command line, the study plan and the
-simulation builder all read this one table. Imports no TensorFlow.
+Reconstruction on the same NeuMF. Each method is one `Method`: the settings
+it takes and fixes, its builder, whether it exports, is tuned and takes DP.
+The command line, the API, the study plan, the tuner, the export and the
+simulation builder all read this one registry: a new method is its adapter
+module (with a `build(method, context)` function) and one line here.
+Imports no TensorFlow.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 import dataclasses
+import importlib
 import numbers
+from typing import Any
 
 from tff_fedrecgel.algorithm_config import SERVER_OPTIMIZERS
 from tff_fedrecgel.errors import SettingError
@@ -20,9 +27,19 @@ ITEMPOP = 'itempop'
 CENTRAL = 'central'
 
 
+# The recipe settings (and `--workers`) a method may or may not take; the
+# settings every method takes (data, rounds, cohort, evaluation, seed) are
+# not listed.
+TRAINING_SETTINGS = ('rho_sh', 'rho_ns', 'local_lr', 'server_lr', 'server_optimizer',
+                     'num_negatives', 'local_state', 'reconstruction_steps',
+                     'loss_reduction', 'update', 'local_epochs', 'client_lr',
+                     'client_weighting', 'sharpness_probe', 'workers')
+_FEDRECGEL_BUILDER = 'tff_fedrecgel.simulation.fedrecgel_adapter:build'
+
+
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """One trainable method.
+    """One trainable method: everything the rest of the project asks of it.
 
     Attributes:
       name: Its `--algorithm` name.
@@ -30,8 +47,18 @@ class Method:
       rho_sh: The global radius it fixes (None: the task's or the flag's).
       rho_ns: The local radius it fixes (None: the task's or the flag's).
       gmf_only: Whether it uses the GMF-only model (no MLP branch).
-      algorithm: What trains it: `FEDRECGEL`, `FEDRECON`, `ITEMPOP` (the
-        popularity floor) or `CENTRAL` (the non-federated ceiling).
+      algorithm: Its family: `FEDRECGEL` (one TFF process, SAM radii as
+        settings), `FEDRECON`, `ITEMPOP` (the popularity floor) or `CENTRAL`
+        (the non-federated ceiling).
+      builder: `'module:function'` building its simulation algorithm from a
+        `simulation.context.BuildContext` (imported when first built).
+      takes: The `TRAINING_SETTINGS` it uses; given any other, a run is
+        refused.
+      fixes: Settings it fixes to a value (recorded as such).
+      note: Why it takes so little, said with a refusal.
+      private: Whether DP and secure aggregation apply to it.
+      exports: Whether `launch/export.py` exports it (the FedRecGEL process).
+      tunable: Whether `launch/tune.py` searches its settings.
     """
 
     name: str
@@ -40,6 +67,13 @@ class Method:
     rho_ns: float | None = None
     gmf_only: bool = False
     algorithm: str = FEDRECGEL
+    builder: str = _FEDRECGEL_BUILDER
+    takes: frozenset = frozenset(TRAINING_SETTINGS)
+    fixes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    note: str = ''
+    private: bool = True
+    exports: bool = True
+    tunable: bool = True
 
     def radii(self, rho_sh: float, rho_ns: float) -> tuple[float, float]:
         """The radii a run uses, given the task's (or the flags') radii.
@@ -53,6 +87,20 @@ class Method:
         return (float(rho_sh if self.rho_sh is None else self.rho_sh),
                 float(rho_ns if self.rho_ns is None else self.rho_ns))
 
+    def refused(self, names: Iterable[str]) -> list[str]:
+        """Those of `names` (settings) the method does not take, in order."""
+        return [n for n in names if n in TRAINING_SETTINGS
+                and (n not in self.takes or n in self.fixes)]
+
+    def build(self, context):
+        """Its simulation algorithm (imports the builder's module, and TFF).
+
+        Args:
+          context: A `simulation.context.BuildContext`.
+        """
+        module, function = self.builder.split(':')
+        return getattr(importlib.import_module(module), function)(self, context)
+
 
 METHODS = {m.name: m for m in (
     Method('fedrecgel', 'SAM on both parts with the task\'s radii (the paper\'s method)'),
@@ -63,12 +111,23 @@ METHODS = {m.name: m for m in (
            rho_sh=0.0, rho_ns=0.0, gmf_only=True),
     Method('fedrecon', 'TFF\'s Federated Reconstruction (build_fed_recon) on the same '
            'NeuMF: no user state, embeddings rebuilt every round',
-           rho_sh=0.0, rho_ns=0.0, algorithm=FEDRECON),
+           rho_sh=0.0, rho_ns=0.0, algorithm=FEDRECON,
+           builder='tff_fedrecgel.simulation.fedrecon_adapter:build',
+           takes=frozenset({'rho_sh', 'rho_ns', 'local_lr', 'server_lr', 'num_negatives',
+                            'reconstruction_steps', 'local_state', 'loss_reduction'}),
+           fixes={'local_state': 'reconstruct', 'loss_reduction': 'mean'},
+           note='TFF\'s FedRecon: mean loss, no user state', private=False,
+           exports=False, tunable=False),
     Method('itempop', 'item popularity counted federatedly, no model (the floor)',
-           rho_sh=0.0, rho_ns=0.0, algorithm=ITEMPOP),
+           rho_sh=0.0, rho_ns=0.0, algorithm=ITEMPOP,
+           builder='tff_fedrecgel.simulation.baseline_adapters:build_itempop',
+           takes=frozenset(), exports=False, tunable=False),
     Method('central', 'the same NeuMF trained centrally on the pooled data with Keras, '
            'a round = an epoch (the non-federated ceiling, not a federated method)',
-           rho_sh=0.0, rho_ns=0.0, algorithm=CENTRAL),
+           rho_sh=0.0, rho_ns=0.0, algorithm=CENTRAL,
+           builder='tff_fedrecgel.simulation.baseline_adapters:build_central',
+           takes=frozenset({'local_lr', 'num_negatives', 'reconstruction_steps'}),
+           private=False, exports=False, tunable=False),
 )}
 METHOD_NAMES = tuple(METHODS)
 

@@ -303,7 +303,7 @@ class Settings:
           SettingError: If the cohort or `num_negatives` does not fit the data.
         """
         clients = self.cohort(split.num_users)
-        if methods.get_method(self.algorithm).algorithm == methods.FEDRECGEL:
+        if 'num_negatives' in methods.get_method(self.algorithm).takes:
             rows = np.bincount(split.train_users, minlength=split.num_users)
             room = int(split.num_items - rows.max()) if len(rows) else split.num_items
             if self.num_negatives > room:
@@ -347,12 +347,6 @@ class Settings:
             max_group_examples=self.max_group_examples, model_aggregator=model_aggregator,
             workers=workers, sharpness_probe=self.sharpness_probe,
             heldout_fraction=self.heldout_users)
-
-
-# What FedRecon (TFF's build_fed_recon) fixes, as launch/train.py records it.
-_FEDRECON_FIXED = {'local_state': 'reconstruct', 'loss_reduction': 'mean'}
-_FEDRECON_UNUSED = ('update', 'local_epochs', 'client_lr', 'client_weighting',
-                    'sharpness_probe')
 
 
 # Settings a preset file may not set: they name the run, not its recipe.
@@ -412,15 +406,13 @@ def settings(task: str, *, algorithm: str = methods.FEDRECGEL,
               for name, value in explicit.items()}
     radii = method.radii(chosen['rho_sh'], chosen['rho_ns'])
     preset_rest = {k: v for k, v in from_preset.items() if k not in explicit}
-    if method.algorithm == methods.FEDRECON:
-        unused = [k for k in (*_FEDRECON_UNUSED, *_FEDRECON_FIXED) if k in overrides]
-        if unused:
-            raise ValueError(f'fedrecon does not take {", ".join(unused)} (TFF\'s '
-                             'FedRecon: mean loss, no user state)')
-        # What a preset says of them does not apply to FedRecon either.
-        preset_rest = {k: v for k, v in preset_rest.items()
-                       if k not in (*_FEDRECON_UNUSED, *_FEDRECON_FIXED)}
-        overrides = {**overrides, **_FEDRECON_FIXED}
+    unused = method.refused(overrides)
+    if unused:
+        raise ValueError(f'{algorithm} does not take {", ".join(unused)}'
+                         + (f' ({method.note})' if method.note else ''))
+    # What a preset says of them does not apply to the method either.
+    preset_rest = {k: v for k, v in preset_rest.items() if not method.refused([k])}
+    overrides = {**overrides, **method.fixes}
     overrides = {**preset_rest, **overrides}
     try:
         return Settings(

@@ -121,3 +121,18 @@ class Central:
 
     def restore(self, state) -> None:
         self.trainer.restore(state)
+
+
+def build_itempop(method, context) -> ItemPop:
+    """The popularity floor's algorithm (its `methods.Method.builder`)."""
+    del method
+    return ItemPop(split=context.split, model_config=context.model_config,
+                   model_aggregator=context.model_aggregator)
+
+
+def build_central(method, context) -> Central:
+    """The central ceiling's algorithm (its `methods.Method.builder`)."""
+    del method
+    return Central(split=context.split, model_config=context.model_config,
+                   work=context.work, seed=context.seed,
+                   num_negatives=context.num_negatives, users=context.training_users)

@@ -13,12 +13,11 @@ from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import methods
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.algorithms import fedrecgel
+from tff_fedrecgel.data import batching
 from tff_fedrecgel.data.client_data import heldout_users_for
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.models import neumf
-from tff_fedrecgel.simulation import baseline_adapters
-from tff_fedrecgel.simulation import fedrecgel_adapter
-from tff_fedrecgel.simulation import fedrecon_adapter
+from tff_fedrecgel.simulation import context
 from tff_fedrecgel.simulation.driver import Simulation
 
 
@@ -40,7 +39,7 @@ def build_simulation(
     server_optimizer: str | tff.learning.optimizers.Optimizer = algorithm_config.SERVER.optimizer,
     num_negatives: int = 4,
     users_per_client: int | None = None,
-    max_group_examples: int = fedrecgel_adapter.DEFAULT_MAX_GROUP_EXAMPLES,
+    max_group_examples: int = batching.DEFAULT_MAX_GROUP_EXAMPLES,
     model_aggregator: fedrecgel.Aggregator | None = None,
     workers: str | Sequence[str] | None = None,
     sharpness_probe: float | None = None,
@@ -76,41 +75,26 @@ def build_simulation(
       ValueError: On an unknown method or settings it does not take.
     """
     spec = methods.get_method(method)
-    model_config = model_config_for(spec, split.num_items)
-    if spec.algorithm != methods.FEDRECGEL:
-        unused = [name for name, value in (
-            ('server_optimizer', None if server_optimizer == 'adam' else server_optimizer),
-            ('model_aggregator', model_aggregator),
-            ('workers', workers), ('sharpness_probe', sharpness_probe)) if value is not None
-            and not (name == 'model_aggregator' and spec.algorithm == methods.ITEMPOP)]
-        if unused:
-            raise ValueError(f'{method} does not take {", ".join(unused)}')
-    if spec.algorithm == methods.ITEMPOP:
-        algorithm = baseline_adapters.ItemPop(split=split, model_config=model_config,
-                                              model_aggregator=model_aggregator)
-    elif spec.algorithm == methods.CENTRAL:
-        held = heldout_users_for(split.num_users, heldout_fraction)
-        algorithm = baseline_adapters.Central(
-            split=split, model_config=model_config, work=work, seed=seed,
-            num_negatives=num_negatives,
-            users=np.setdiff1d(np.arange(split.num_users), held))
-    elif spec.algorithm == methods.FEDRECON:
-        algorithm = fedrecon_adapter.FedRecon(
-            model_config=model_config, clients_per_round=clients_per_round, seed=seed,
-            server_lr=server_lr, local_lr=work.local_lr,
-            reconstruction_steps=work.reconstruction_steps,
-            grouped=users_per_client != 1, max_group_examples=max_group_examples)
-    else:
-        rho_sh, rho_ns = spec.radii(work.rho_sh, work.rho_ns)
-        algorithm = fedrecgel_adapter.FedRecGEL(
-            model_config=model_config,
-            work=dataclasses.replace(work, rho_sh=rho_sh, rho_ns=rho_ns),
-            num_users=split.num_users, seed=seed,
-            server_optimizer=(fedrecgel.build_server_optimizer(server_lr, server_optimizer)
-                              if isinstance(server_optimizer, str) else server_optimizer),
-            model_aggregator=model_aggregator, users_per_client=users_per_client,
-            max_group_examples=max_group_examples, workers=workers,
-            sharpness_probe=sharpness_probe)
+    given = [name for name, value in (
+        ('server_optimizer', None if server_optimizer == algorithm_config.SERVER.optimizer
+         else server_optimizer),
+        ('workers', workers), ('sharpness_probe', sharpness_probe)) if value is not None]
+    unused = spec.refused(given)
+    if model_aggregator is not None and not spec.private:
+        unused.append('model_aggregator')
+    if unused:
+        raise ValueError(f'{method} does not take {", ".join(unused)}')
+    rho_sh, rho_ns = spec.radii(work.rho_sh, work.rho_ns)
+    held = heldout_users_for(split.num_users, heldout_fraction)
+    algorithm = spec.build(context.BuildContext(
+        split=split, model_config=model_config_for(spec, split.num_items),
+        work=dataclasses.replace(work, rho_sh=rho_sh, rho_ns=rho_ns),
+        clients_per_round=clients_per_round, seed=seed, server_lr=server_lr,
+        server_optimizer=server_optimizer, num_negatives=num_negatives,
+        users_per_client=users_per_client,
+        max_group_examples=max_group_examples, model_aggregator=model_aggregator,
+        workers=workers, sharpness_probe=sharpness_probe,
+        training_users=np.setdiff1d(np.arange(split.num_users), held)))
     return Simulation(split=split, algorithm=algorithm, clients_per_round=clients_per_round,
                       seed=seed, num_negatives=num_negatives,
                       heldout_fraction=heldout_fraction)

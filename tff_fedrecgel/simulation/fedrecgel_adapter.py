@@ -162,3 +162,22 @@ class FedRecGEL:
             state['server_state'], fedrecgel.ServerState) else state['server_state']
         if self.work.persistent:
             self.client_states = ClientStateTable(state['client_states'])
+
+
+def build(method, context) -> FedRecGEL:
+    """The algorithm of a FedRecGEL-family method (its `methods.Method.builder`).
+
+    Args:
+      method: The `methods.Method` (its radii are already in `context.work`).
+      context: The run's `simulation.context.BuildContext`.
+    """
+    del method
+    optimizer = context.server_optimizer
+    if isinstance(optimizer, str):
+        optimizer = fedrecgel.build_server_optimizer(context.server_lr, optimizer)
+    return FedRecGEL(
+        model_config=context.model_config, work=context.work,
+        num_users=context.split.num_users, seed=context.seed, server_optimizer=optimizer,
+        model_aggregator=context.model_aggregator, users_per_client=context.users_per_client,
+        max_group_examples=context.max_group_examples, workers=context.workers,
+        sharpness_probe=context.sharpness_probe)

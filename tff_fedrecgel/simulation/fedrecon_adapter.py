@@ -121,3 +121,19 @@ class FedRecon:
 
     def restore(self, state) -> None:
         self.state = tf.nest.pack_sequence_as(self.process.initialize(), list(state))
+
+
+def build(method, context) -> FedRecon:
+    """FedRecon's algorithm (its `methods.Method.builder`).
+
+    Args:
+      method: The `methods.Method`.
+      context: The run's `simulation.context.BuildContext`.
+    """
+    del method
+    return FedRecon(
+        model_config=context.model_config, clients_per_round=context.clients_per_round,
+        seed=context.seed, server_lr=context.server_lr, local_lr=context.work.local_lr,
+        reconstruction_steps=context.work.reconstruction_steps,
+        grouped=context.users_per_client != 1,
+        max_group_examples=context.max_group_examples)

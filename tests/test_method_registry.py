@@ -1,0 +1,102 @@
+"""The method registry: each method is one `methods.Method`, and a new one is
+its adapter plus one registration line.
+
+A method this project does not have (items ranked by a fixed random score)
+is registered here with one line and trained and evaluated through the run
+settings and the simulation builder, which know nothing of it; what it does
+not take is refused from its spec.
+"""
+
+import numpy as np
+import pytest
+
+from tff_fedrecgel import methods
+from tff_fedrecgel import run_settings
+from tff_fedrecgel.data import preprocess
+from tff_fedrecgel.data import synthetic
+
+
+class RandomScores:
+    """Ranks items by a fixed random score: the driver's `Algorithm` interface."""
+
+    def __init__(self, model_config, work, seed):
+        self.model_config = model_config
+        self.reconstruction = work
+        self.item_scores = np.random.default_rng(seed).random(model_config.num_items)
+        self.rounds = 0
+
+    def initialize(self):
+        self.rounds = 0
+
+    def next(self, users, batches):
+        del batches
+        self.rounds += 1
+        return {'clients': float(len(users))}
+
+    @property
+    def global_weights(self):
+        return [self.item_scores]
+
+    def local_tables(self):
+        return None
+
+    def get_state(self):
+        return [np.asarray(self.rounds)]
+
+    def restore(self, state):
+        self.rounds = int(state[0])
+
+
+def build_random_scores(method, context):
+    assert method.name == 'random_scores'
+    return RandomScores(context.model_config, context.work, context.seed)
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    monkeypatch.setitem(methods.METHODS, 'random_scores', methods.Method(
+        'random_scores', 'items by a fixed random score', rho_sh=0.0, rho_ns=0.0,
+        builder=f'{__name__}:build_random_scores', takes=frozenset(), private=False,
+        exports=False, tunable=False))
+
+
+def test_a_new_method_trains_and_evaluates_from_its_registration(registered):
+    del registered
+    split = preprocess.build_split(synthetic.generate_synthetic(
+        num_users=30, num_items=60, mean_interactions=8, seed=0), num_negatives=20)
+    settings = run_settings.settings('synthetic', algorithm='random_scores',
+                                     total_rounds=2, preset='paper')
+    simulation = settings.build_simulation(split)
+    simulation.initialize()
+    assert simulation.run_round()['clients'] == settings.cohort(split.num_users)
+    metrics = simulation.evaluate('test')
+    assert 0.0 <= metrics['hr@10'] <= 1.0
+    # What it does not take is refused from its spec, with the settings' names.
+    with pytest.raises(ValueError, match='random_scores does not take local_lr'):
+        run_settings.settings('synthetic', algorithm='random_scores', local_lr=0.2)
+
+
+@pytest.mark.parametrize('name,refused', [
+    ('fedrecgel', []),
+    ('fedmf', []),
+    ('fedrecon', ['server_optimizer', 'local_state', 'loss_reduction', 'update',
+                  'local_epochs', 'client_lr', 'client_weighting', 'sharpness_probe',
+                  'workers']),
+    ('central', ['rho_sh', 'rho_ns', 'server_lr', 'server_optimizer', 'local_state',
+                 'loss_reduction', 'update', 'local_epochs', 'client_lr',
+                 'client_weighting', 'sharpness_probe', 'workers']),
+    ('itempop', list(methods.TRAINING_SETTINGS)),
+])
+def test_what_each_method_refuses(name, refused):
+    assert methods.get_method(name).refused(methods.TRAINING_SETTINGS) == refused
+
+
+def test_a_preset_sets_only_what_the_method_takes():
+    # auto sets the server rate, which the central model does not use.
+    central = run_settings.settings('synthetic', algorithm='central', preset='auto')
+    assert central.server_lr == run_settings.default('server_lr')
+    fed = run_settings.settings('synthetic', algorithm='fedrecgel', preset='auto')
+    assert fed.server_lr != run_settings.default('server_lr')
+    recon = run_settings.settings('synthetic', algorithm='fedrecon', preset='auto')
+    assert recon.server_lr == fed.server_lr  # FedRecon takes it.
+    assert (recon.local_state, recon.loss_reduction) == ('reconstruct', 'mean')
