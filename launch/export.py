@@ -9,11 +9,13 @@ Examples (from the repository root)::
     .venv/bin/python launch/export.py --run_dir=runs/filmtrust_fedrecgel_seed0 \
         --output_dir=export/filmtrust_trained
 
-With --run_dir, the trained model of a run's latest checkpoint: a TensorFlow
-SavedModel holding the global weights, with functions that score every item
-for a user embedding, rebuild a user embedding from interactions and return
-a top-K in original ids (`tff_fedrecgel/serving.py`), plus model.json and
-items.csv. It loads with plain `tf.saved_model.load`, without this project.
+With --run_dir, the trained model of the run (the --checkpoint it serves): a
+TensorFlow SavedModel holding the global weights and every user's embedding,
+whose functions take and return original ids: `recommend(user_ids, k)` for
+users of the data, `recommend_for_items(item_ids, k)` for a new user (its
+embedding rebuilt inside), `exclude` defaulting to the user's items
+(`tff_fedrecgel/serving.py`), plus model.json and items.csv. It loads with
+plain `tf.saved_model.load`, without this project.
 The settings come from the run (no --task or algorithm flags).
 
 The task only determines the item count (read from its data; synthetic needs
