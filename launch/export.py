@@ -41,7 +41,7 @@ if __package__ in (None, ''):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from launch import _entry
+from tff_fedrecgel.launch import _entry
 
 # Level 3 (setup_environment) also keeps out the harmless C++ errors Grappler
 # logs while the MapReduce forms compile ("Failed to detect the fetch node(s)").
@@ -49,8 +49,8 @@ _entry.setup_environment()
 
 from absl import flags
 
-from launch import _algorithm_flags as algo
-from launch import _data_flags
+from tff_fedrecgel.launch import _algorithm_flags as algo
+from tff_fedrecgel.launch import _data_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel.errors import DataError

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tensorflow_federated as tff
 
-from launch import workers as launcher
+from tff_fedrecgel.launch import workers as launcher
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.data import preprocess
 from tff_fedrecgel.data import synthetic
