@@ -85,6 +85,8 @@ def main(argv: list[str]) -> int:
     for line in _summary_lines(task.name, stats, output_dir, prepared.cached,
                                seconds):
         print(line)
+    if prepared.split.filter_line():
+        print(f'  {prepared.split.filter_line()}')
     record = {'task': task.name, **stats, 'output_dir': output_dir,
               'cached': prepared.cached, 'validation': _data_flags.VALIDATION.value,
               'seconds': round(seconds, 3)}

@@ -305,6 +305,8 @@ def _train(task, settings: run_settings.Settings, hparams: dict, split, clients:
           f'rho_ns={settings.rho_ns}); {settings.total_rounds} rounds; '
           f'{"vectorized" if settings.vectorized(one_user) else "one user per TFF client"}',
           flush=True)
+    if split.filter_line():
+        print(f'{task.name}: {split.filter_line()}', flush=True)
     print(run_settings.preset_banner(settings, profile), flush=True)
     start = time.perf_counter()
     aggregator, privacy_report = _privacy_pieces(privacy, clients, split.num_users,
