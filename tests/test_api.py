@@ -14,7 +14,6 @@ import pathlib
 import re
 import subprocess
 import sys
-import textwrap
 import time
 
 import numpy as np
@@ -367,31 +366,6 @@ def test_recommend_cli_bad_input_is_one_line(runs, tmp_path, args, fragment):
     assert len(output.strip().splitlines()) == 1 and not workers
 
 
-# What launch/recommend.py prints, from the SavedModel alone (ids as text).
-_LOAD_WITH_TENSORFLOW_ONLY = textwrap.dedent('''
-    import json
-    import sys
-    import tensorflow as tf
-    model = tf.saved_model.load(sys.argv[1])
-    asked = json.loads(sys.argv[2])
-
-    def lines(top):
-        ids = [i.decode() for i in top['item_ids'].numpy()]
-        width = max([len('item_id')] + [len(i) for i in ids])
-        out = [f'rank  {"item_id".ljust(width)}  score']
-        for rank, (i, score) in enumerate(zip(ids, top['scores'].numpy()), 1):
-            out.append(f'{rank:>4}  {i.ljust(width)}  {score:.4f}')
-        return out
-
-    user = model.recommend(user_ids=[asked['user']], k=asked['k'])
-    new_user = model.recommend_for_items(item_ids=asked['items'], k=asked['k'])
-    print(json.dumps({
-        'user': lines({name: value[0] for name, value in user.items()}),
-        'new_user': lines(new_user),
-        'loaded_project': any(m.startswith('tff_fedrecgel') for m in sys.modules)}))
-''')
-
-
 def test_exported_model_prints_what_recommend_prints_in_another_process(
         runs, fedrecon_cli, tmp_path):
     """launch/export.py --run_dir (no worker left), then plain
@@ -406,8 +380,8 @@ def test_exported_model_prints_what_recommend_prints_in_another_process(
     asked = {'user': str(runs['fedrecon'][0].split.user_ids[7]), 'k': 5,
              'items': NEW_USER_ITEMS}
     result = subprocess.run(
-        [sys.executable, '-I', '-c', _LOAD_WITH_TENSORFLOW_ONLY, str(out / 'saved_model'),
-         json.dumps(asked)],
+        [sys.executable, '-I', str(REPO / 'tests' / 'saved_model_lines.py'),
+         str(out / 'saved_model'), json.dumps(asked)],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
         env={k: v for k, v in os.environ.items() if k != 'PYTHONPATH'})
     assert result.returncode == 0, result.stderr
