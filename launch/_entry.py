@@ -2,7 +2,7 @@
 
 Usage in a script::
 
-    from launch import _entry
+    from tff_fedrecgel.launch import _entry
     _entry.setup_environment()      # before anything imports TensorFlow
     ...
     def main(argv):

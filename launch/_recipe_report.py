@@ -14,8 +14,8 @@ import pathlib
 import numpy as np
 import pandas as pd
 
-from launch import _report
-from launch import study
+from tff_fedrecgel.launch import _report
+from tff_fedrecgel.launch import study
 
 BEGIN, END = '<!-- recipe-tables:begin -->', '<!-- recipe-tables:end -->'
 TITLES = _report.TITLES

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from launch import study
+from tff_fedrecgel.launch import study
 import worker_watch
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -316,7 +316,7 @@ def _fake_recipe_run(root, name, *, method, seed, hr, full_hr, heldout=0.3):
 
 
 def test_recipe_report_tables_gap_closure_and_figure(tmp_path):
-    from launch import _recipe_report
+    from tff_fedrecgel.launch import _recipe_report
     root = tmp_path / 'recipe'
     for seed in range(2):
         _fake_recipe_run(root, f'lastfm_2k/itempop_seed{seed}', method='itempop', seed=seed,
@@ -343,7 +343,7 @@ def test_recipe_report_tables_gap_closure_and_figure(tmp_path):
 
 
 def test_recipe_report_adds_runs_to_a_report_whose_folders_are_gone(tmp_path):
-    from launch import _recipe_report
+    from tff_fedrecgel.launch import _recipe_report
     old, new = tmp_path / 'old', tmp_path / 'new'
     for seed in range(2):
         for method, hr in (('itempop', 0.6), ('central', 0.9)):
@@ -380,7 +380,7 @@ def test_recipe_report_adds_runs_to_a_report_whose_folders_are_gone(tmp_path):
 
 
 def test_spec_protocol_table_frames_every_paper_method():
-    from launch import _recipe_report
+    from tff_fedrecgel.launch import _recipe_report
 
     def base(name, method, hr):
         valid = '_valid_' in name
