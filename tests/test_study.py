@@ -408,3 +408,11 @@ def test_spec_protocol_table_frames_every_paper_method():
     assert '| LastFM-2K | FedRecGEL (tie rule fixed) | — / — | 0.6500 / 0.3250 | 0.25 |' in text
     assert '| LastFM-2K | FedMF | 0.7000 / 0.4000 | 0.7000 / 0.4000 | 0.50 |' in text
     assert text.count('| FedRecGEL') == 1 and 'Amazon-Video' not in text
+
+
+def test_the_readme_results_are_the_recipe_runs_table():
+    """The README's table is generated from docs/recipe_runs.csv, as written."""
+    from tff_fedrecgel.launch import _recipe_report
+    block = _recipe_report.readme_block(pd.read_csv(REPO / 'docs' / 'recipe_runs.csv'))
+    assert block.count('\n| ') >= 4  # A header and a row per dataset.
+    assert block in (REPO / 'README.md').read_text()
