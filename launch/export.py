@@ -50,6 +50,7 @@ _entry.setup_environment()
 from absl import flags
 
 from tff_fedrecgel.launch import _algorithm_flags as algo
+from tff_fedrecgel.launch import _config_file
 from tff_fedrecgel.launch import _data_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
@@ -59,6 +60,8 @@ from tff_fedrecgel.errors import DataError
 # --help lists the shared flags this script uses with its own.
 flags.adopt_module_key_flags(algo)
 flags.adopt_module_key_flags(_data_flags)
+_config_file.define_config_flag()
+flags.adopt_module_key_flags(_config_file)
 
 _OUTPUT_DIR = flags.DEFINE_string(
     'output_dir', None, 'Folder for the exported computations (required).')

@@ -46,6 +46,7 @@ from absl import flags
 from absl import logging
 
 from tff_fedrecgel.launch import _algorithm_flags as algo
+from tff_fedrecgel.launch import _config_file
 from tff_fedrecgel.launch import _data_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
@@ -55,6 +56,8 @@ from tff_fedrecgel import run_settings
 # --help lists the shared flags this script uses with its own.
 flags.adopt_module_key_flags(algo)
 flags.adopt_module_key_flags(_data_flags)
+_config_file.define_config_flag()
+flags.adopt_module_key_flags(_config_file)
 
 _ROOT_OUTPUT_DIR = flags.DEFINE_string(
     'root_output_dir', 'runs', 'Root folder of all experiments.')
