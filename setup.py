@@ -2,8 +2,10 @@
 
 What gets installed: the `tff_fedrecgel` package and, under its name, the
 dataset registry of the repository's top-level `tasks/` folder as
-`tff_fedrecgel.tasks`. No other top-level name is installed: `launch/` holds
-the command-line entry points, run from a checkout.
+`tff_fedrecgel.tasks` and the command-line entry points of `launch/` as
+`tff_fedrecgel.launch`, with the commands `tff-fedrecgel-train`, `-recommend`,
+`-export`, `-tune` and `-download` (`launch/_commands.py`). No other top-level
+name is installed.
 
 Dependencies. TensorFlow Federated 0.87.0 (the last release) pins
 jax==0.4.14 / jaxlib==0.4.14, and jaxlib 0.4.14 is no longer served, so pip
@@ -23,8 +25,11 @@ setuptools.setup(
         'TensorFlow Federated.'
     ),
     packages=setuptools.find_packages(include=['tff_fedrecgel', 'tff_fedrecgel.*'])
-    + ['tff_fedrecgel.tasks'],
-    package_dir={'tff_fedrecgel.tasks': 'tasks'},
+    + ['tff_fedrecgel.tasks', 'tff_fedrecgel.launch'],
+    package_dir={'tff_fedrecgel.tasks': 'tasks', 'tff_fedrecgel.launch': 'launch'},
+    entry_points={'console_scripts': [
+        f'tff-fedrecgel-{name}=tff_fedrecgel.launch._commands:{name}'
+        for name in ('train', 'recommend', 'export', 'tune', 'download')]},
     python_requires='>=3.9,<3.12',
     # What the library imports itself (TFF: see the module docstring).
     install_requires=[

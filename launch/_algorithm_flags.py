@@ -13,8 +13,8 @@ import dataclasses
 
 from absl import flags
 
-from launch import _data_flags
 from tff_fedrecgel import algorithm_config
+from tff_fedrecgel.launch import _data_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import run_settings
 from tff_fedrecgel import tasks

@@ -2,7 +2,7 @@
 
 Usage in a script::
 
-    from launch import _entry
+    from tff_fedrecgel.launch import _entry
     _entry.setup_environment()      # before anything imports TensorFlow
     ...
     def main(argv):
@@ -102,6 +102,12 @@ def fail(message: object) -> NoReturn:
 
 def _parse_flags(argv: Sequence[str]) -> list[str]:
     """absl flag parsing with the one-line error convention."""
+    if 'config' in flags.FLAGS:  # The commands that take a run's settings file.
+        from tff_fedrecgel.launch import _config_file  # pylint: disable=g-import-not-at-top
+        try:
+            argv = [argv[0], *_config_file.expand(argv[1:], list(flags.FLAGS))]
+        except DataError as e:
+            fail(e)
     try:
         return flags.FLAGS(list(argv))
     except flags.Error as e:

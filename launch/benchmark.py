@@ -45,13 +45,13 @@ if __package__ in (None, ''):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from launch import _entry
+from tff_fedrecgel.launch import _entry
 
 _entry.setup_environment()
 
 from absl import flags
 
-from launch import _data_flags
+from tff_fedrecgel.launch import _data_flags
 from tff_fedrecgel import runtime
 from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError

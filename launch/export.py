@@ -9,11 +9,13 @@ Examples (from the repository root)::
     .venv/bin/python launch/export.py --run_dir=runs/filmtrust_fedrecgel_seed0 \
         --output_dir=export/filmtrust_trained
 
-With --run_dir, the trained model of a run's latest checkpoint: a TensorFlow
-SavedModel holding the global weights, with functions that score every item
-for a user embedding, rebuild a user embedding from interactions and return
-a top-K in original ids (`tff_fedrecgel/serving.py`), plus model.json and
-items.csv. It loads with plain `tf.saved_model.load`, without this project.
+With --run_dir, the trained model of the run (the --checkpoint it serves): a
+TensorFlow SavedModel holding the global weights and every user's embedding,
+whose functions take and return original ids: `recommend(user_ids, k)` for
+users of the data, `recommend_for_items(item_ids, k)` for a new user (its
+embedding rebuilt inside), `exclude` defaulting to the user's items
+(`tff_fedrecgel/serving.py`), plus model.json and items.csv. It loads with
+plain `tf.saved_model.load`, without this project.
 The settings come from the run (no --task or algorithm flags).
 
 The task only determines the item count (read from its data; synthetic needs
@@ -39,7 +41,7 @@ if __package__ in (None, ''):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from launch import _entry
+from tff_fedrecgel.launch import _entry
 
 # Level 3 (setup_environment) also keeps out the harmless C++ errors Grappler
 # logs while the MapReduce forms compile ("Failed to detect the fetch node(s)").
@@ -47,8 +49,9 @@ _entry.setup_environment()
 
 from absl import flags
 
-from launch import _algorithm_flags as algo
-from launch import _data_flags
+from tff_fedrecgel.launch import _algorithm_flags as algo
+from tff_fedrecgel.launch import _config_file
+from tff_fedrecgel.launch import _data_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel.errors import DataError
@@ -57,6 +60,8 @@ from tff_fedrecgel.errors import DataError
 # --help lists the shared flags this script uses with its own.
 flags.adopt_module_key_flags(algo)
 flags.adopt_module_key_flags(_data_flags)
+_config_file.define_config_flag()
+flags.adopt_module_key_flags(_config_file)
 
 _OUTPUT_DIR = flags.DEFINE_string(
     'output_dir', None, 'Folder for the exported computations (required).')

@@ -4,7 +4,7 @@ Examples (from the repository root)::
 
     .venv/bin/python launch/prepare_data.py --task=filmtrust \
         --data_dir=/path/to/filmtrust --output_dir=/tmp/ft
-    .venv/bin/python -m launch.prepare_data --task=synthetic \
+    .venv/bin/python -m tff_fedrecgel.launch.prepare_data --task=synthetic \
         --output_dir=/tmp/syn
     .venv/bin/python launch/prepare_data.py --task=csv --data_dir=my_log.tsv \
         --csv_sep=tab --csv_user_col=uid --csv_item_col=iid \
@@ -32,8 +32,8 @@ if __package__ in (None, ''):
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
 
-from launch import _data_flags
-from launch import _entry
+from tff_fedrecgel.launch import _data_flags
+from tff_fedrecgel.launch import _entry
 from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -85,6 +85,8 @@ def main(argv: list[str]) -> int:
     for line in _summary_lines(task.name, stats, output_dir, prepared.cached,
                                seconds):
         print(line)
+    if prepared.split.filter_line():
+        print(f'  {prepared.split.filter_line()}')
     record = {'task': task.name, **stats, 'output_dir': output_dir,
               'cached': prepared.cached, 'validation': _data_flags.VALIDATION.value,
               'seconds': round(seconds, 3)}

@@ -30,7 +30,7 @@ if __package__ in (None, ''):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from launch import _entry
+from tff_fedrecgel.launch import _entry
 
 _entry.setup_environment()
 

@@ -16,7 +16,8 @@ Reads every finished run's summary.json, hparams.json and metrics.csv under
   LastFM-2K runs past round 100).
 
 With --plan=recipe it writes the recipe-tables block, docs/recipe_runs.csv and
-recipe_hr10.png instead; --keep_reported_runs adds new runs to a report whose
+recipe_hr10.png instead (and with --readme=README.md the README's results
+block); --keep_reported_runs adds new runs to a report whose
 earlier run folders are gone, keeping their rows from the runs CSV (the
 figure's curves are then drawn from the folders present).
 """
@@ -32,22 +33,25 @@ if __package__ in (None, ''):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from launch import _entry
+from tff_fedrecgel.launch import _entry
 
 from absl import flags
 import numpy as np
 import pandas as pd
 
-from launch import _recipe_report
-from launch import _report
-from launch import study
-from launch import transfer_study
+from tff_fedrecgel.launch import _recipe_report
+from tff_fedrecgel.launch import _report
+from tff_fedrecgel.launch import study
+from tff_fedrecgel.launch import transfer_study
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _ROOT = flags.DEFINE_string('root_output_dir', 'runs/study', 'Study output root.')
 _RESULTS = flags.DEFINE_string('results', 'docs/RESULTS.md',
                                'Markdown file whose table block is rewritten.')
+_README = flags.DEFINE_string(
+    'readme', None, 'Recipe study: also rewrite the results block of this README '
+    '(README.md from the repository root).')
 _IMAGES_DIR = flags.DEFINE_string('images_dir', 'docs/images', 'Where the PNGs go.')
 _RUNS_CSV = flags.DEFINE_string('runs_csv', None,
                                 'Every finished run, one row each (default: '
@@ -401,6 +405,9 @@ def _recipe(root: pathlib.Path) -> int:
         previous = pd.read_csv('docs/study_runs.csv')
     _report.write_block(results, _recipe_report.tables_block(runs, previous),
                         _recipe_report.BEGIN, _recipe_report.END)
+    if _README.value:
+        _report.write_block(pathlib.Path(_README.value), _recipe_report.readme_block(runs),
+                            _recipe_report.README_BEGIN, _recipe_report.README_END)
     runs.sort_values('name').to_csv(runs_csv, index=False, float_format='%.6g')
     written = _recipe_report.plot(root, runs, pathlib.Path(_IMAGES_DIR.value))
     images = f'images {", ".join(written) or "none"} in {_IMAGES_DIR.value}'

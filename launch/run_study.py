@@ -40,14 +40,14 @@ if __package__ in (None, ''):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from launch import _entry
+from tff_fedrecgel.launch import _entry
 
 _entry.setup_environment()
 
 from absl import flags
 
-from launch import study
-from launch import transfer_study
+from tff_fedrecgel.launch import study
+from tff_fedrecgel.launch import transfer_study
 from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position

@@ -38,15 +38,16 @@ if __package__ in (None, ''):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from launch import _entry
+from tff_fedrecgel.launch import _entry
 
 _entry.setup_environment()
 
 from absl import flags
 from absl import logging
 
-from launch import _algorithm_flags as algo
-from launch import _data_flags
+from tff_fedrecgel.launch import _algorithm_flags as algo
+from tff_fedrecgel.launch import _config_file
+from tff_fedrecgel.launch import _data_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel import run_settings
@@ -55,6 +56,8 @@ from tff_fedrecgel import run_settings
 # --help lists the shared flags this script uses with its own.
 flags.adopt_module_key_flags(algo)
 flags.adopt_module_key_flags(_data_flags)
+_config_file.define_config_flag()
+flags.adopt_module_key_flags(_config_file)
 
 _ROOT_OUTPUT_DIR = flags.DEFINE_string(
     'root_output_dir', 'runs', 'Root folder of all experiments.')
@@ -274,6 +277,8 @@ def _train(task, settings: run_settings.Settings, hparams: dict, split, clients:
           f'rho_ns={settings.rho_ns}); {settings.total_rounds} rounds; '
           f'{"vectorized" if settings.vectorized(one_user) else "one user per TFF client"}',
           flush=True)
+    if split.filter_line():
+        print(f'{task.name}: {split.filter_line()}', flush=True)
     print(run_settings.preset_banner(settings, profile), flush=True)
     start = time.perf_counter()
     aggregator, privacy_report = _privacy_pieces(privacy, clients, split.num_users,

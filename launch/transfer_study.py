@@ -23,7 +23,7 @@ import pathlib
 import numpy as np
 import pandas as pd
 
-from launch import study
+from tff_fedrecgel.launch import study
 from tff_fedrecgel import recipes
 from tff_fedrecgel import tasks
 

@@ -29,14 +29,14 @@ if __package__ in (None, ''):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from launch import _entry
+from tff_fedrecgel.launch import _entry
 
 _entry.setup_environment()
 
 from absl import flags
 
-from launch import _algorithm_flags as algo
-from launch import _data_flags
+from tff_fedrecgel.launch import _algorithm_flags as algo
+from tff_fedrecgel.launch import _data_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import run_settings
 from tff_fedrecgel.errors import DataError

@@ -27,8 +27,8 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 from absl import flags  # pylint: disable=wrong-import-position
 
-from launch import _entry  # pylint: disable=wrong-import-position
-from launch import train  # pylint: disable=wrong-import-position
+from tff_fedrecgel.launch import _entry  # pylint: disable=wrong-import-position
+from tff_fedrecgel.launch import train  # pylint: disable=wrong-import-position
 
 
 class _Accepted(Exception):

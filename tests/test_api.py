@@ -14,7 +14,6 @@ import pathlib
 import re
 import subprocess
 import sys
-import textwrap
 import time
 
 import numpy as np
@@ -24,7 +23,6 @@ import worker_watch
 
 from tff_fedrecgel import api
 from tff_fedrecgel.program import training_thread
-from tff_fedrecgel import evaluation
 from tff_fedrecgel import recommendation
 from tff_fedrecgel import run_settings
 from tff_fedrecgel import simulation
@@ -36,6 +34,8 @@ from tff_fedrecgel.errors import DataError
 from tff_fedrecgel.models import neumf
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# A new user's items (original ids of the synthetic data, repeats count once).
+NEW_USER_ITEMS = ['3', '17', '3', '40']
 DATA = {'num_users': 60}
 ATOL = 1e-5
 
@@ -212,7 +212,6 @@ def test_top_k_of_a_stored_user(runs):
     np.testing.assert_allclose(model.scores(embedding.tables)[0], scores, atol=ATOL)
     top = experiment.recommend(user_id, k=10)
     unseen = [i for i in np.argsort(-scores, kind='stable') if i not in seen]
-    assert [r.item for r in top] == unseen[:10]
     assert [r.item_id for r in top] == [split.item_ids[i].item() for i in unseen[:10]]
     assert [r.rank for r in top] == list(range(1, 11))
 
@@ -235,7 +234,8 @@ def test_rebuilt_users_match_the_simulation(runs):
     for mine, theirs in zip(new_user.tables, tables):
         np.testing.assert_allclose(mine[0], theirs[0], atol=ATOL)
     top = model.recommend(items=items, k=5)
-    assert not {r.item for r in top} & set(new_user.seen_items.tolist())
+    assert not set(model.items.indices([r.item_id for r in top])) & set(
+        new_user.seen_items.tolist())
 
 
 def test_held_out_items_without_ids_are_never_recommended(runs):
@@ -248,7 +248,7 @@ def test_held_out_items_without_ids_are_never_recommended(runs):
         model_config=base.model_config, global_weights=base.global_weights, split=short,
         reconstruction=base.reconstruction, local_tables=base.local_tables)
     top = model.recommend(split.user_ids[0], k=split.num_items)
-    assert max(r.item for r in top) < split.num_items - 50
+    assert max(model.items.indices([r.item_id for r in top])) < split.num_items - 50
 
 
 def test_recommend_refuses_bad_ids(runs):
@@ -305,7 +305,8 @@ def _run_cli(script, args, tmp_path, timeout=60):
 
 @pytest.fixture(scope='module')
 def fedrecon_cli(runs, tmp_path_factory):
-    """recommend.py and export.py --run_dir on the FedRecon run, side by side.
+    """recommend.py (a user, and a new user's --items) and export.py
+    --run_dir on the FedRecon run, side by side.
 
     FedRecon keeps no user embedding: restoring it and rebuilding embeddings
     run TFF computations, so each program starts a TFF worker, which must
@@ -317,9 +318,11 @@ def fedrecon_cli(runs, tmp_path_factory):
     user_id = experiment.split.user_ids[7]
     commands = {
         'recommend': [f'--run_dir={experiment.paths.root}', f'--user={user_id}', '--k=5'],
+        'recommend_items': [f'--run_dir={experiment.paths.root}',
+                            f'--items={",".join(NEW_USER_ITEMS)}', '--k=5'],
         'export': [f'--run_dir={experiment.paths.root}', f'--output_dir={root / "export"}'],
     }
-    procs = {name: _start_cli(name, args, root / f'{name}.log')
+    procs = {name: _start_cli(name.split('_')[0], args, root / f'{name}.log')
              for name, args in commands.items()}
     workers = _wait_cli(list(procs.values()))
     results = {name: (proc.returncode, (root / f'{name}.log').read_text(), seen)
@@ -363,74 +366,65 @@ def test_recommend_cli_bad_input_is_one_line(runs, tmp_path, args, fragment):
     assert len(output.strip().splitlines()) == 1 and not workers
 
 
-_LOAD_WITH_TENSORFLOW_ONLY = textwrap.dedent('''
-    import sys
-    import numpy as np
-    import tensorflow as tf
-    model = tf.saved_model.load(sys.argv[1])
-    inputs = np.load(sys.argv[2])
-    out = {
-        'scores': model.score(inputs['embeddings'])['scores'].numpy(),
-        'rebuilt': model.reconstruct(inputs['items'], inputs['labels'])['embedding'].numpy(),
-    }
-    top = model.recommend(inputs['embeddings'][:1], inputs['exclude'], tf.constant(5))
-    out['top_ids'] = top['item_ids'].numpy().astype(str)
-    out['loaded_project'] = np.array(any(m.startswith('tff_fedrecgel') for m in sys.modules))
-    np.savez(sys.argv[3], **out)
-''')
-
-
-def test_exported_model_scores_like_the_run_in_another_process(runs, fedrecon_cli,
-                                                               tmp_path):
-    """launch/export.py --run_dir (no worker left), then plain TensorFlow in a
-    separate process: the same scores, rebuilt embedding and top-5."""
-    experiment, _ = runs['fedrecon']
+def test_exported_model_prints_what_recommend_prints_in_another_process(
+        runs, fedrecon_cli, tmp_path):
+    """launch/export.py --run_dir (no worker left), then plain
+    `tf.saved_model.load` in a separate process: the very lines
+    launch/recommend.py prints, for a user of the data and a new user."""
     code, output, workers = fedrecon_cli[0]['export']
     out = fedrecon_cli[1]
     assert code == 0, output
     assert json.loads(output.strip().splitlines()[-1])['round'] == 2
     assert workers and not worker_watch.workers_left(workers)
     assert (out / 'model.json').exists() and (out / 'items.csv').exists()
-
-    model = experiment.model()
-    embeddings = [model.user_embedding(experiment.split.user_ids[u]) for u in (0, 3, 9)]
-    stacked = np.concatenate([np.concatenate(e.tables, axis=1) for e in embeddings])
-    items, labels = embeddings[0].batch
-    np.savez(tmp_path / 'inputs.npz', embeddings=stacked, items=items, labels=labels,
-             exclude=embeddings[0].seen_items)
+    asked = {'user': str(runs['fedrecon'][0].split.user_ids[7]), 'k': 5,
+             'items': NEW_USER_ITEMS}
     result = subprocess.run(
-        [sys.executable, '-I', '-c', _LOAD_WITH_TENSORFLOW_ONLY, str(out / 'saved_model'),
-         str(tmp_path / 'inputs.npz'), str(tmp_path / 'outputs.npz')],
+        [sys.executable, '-I', str(REPO / 'tests' / 'saved_model_lines.py'),
+         str(out / 'saved_model'), json.dumps(asked)],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
         env={k: v for k, v in os.environ.items() if k != 'PYTHONPATH'})
     assert result.returncode == 0, result.stderr
-    loaded = np.load(tmp_path / 'outputs.npz')
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
     assert not loaded['loaded_project']
-    tables = [np.concatenate([e.tables[i] for e in embeddings]) for i in range(2)]
-    np.testing.assert_allclose(loaded['scores'], model.scores(tables), atol=ATOL)
-    np.testing.assert_allclose(loaded['rebuilt'], stacked[:1], atol=ATOL)
-    assert loaded['top_ids'].tolist() == [str(r.item_id)
-                                         for r in model.top_k(embeddings[0], k=5)]
+    for script, key in (('recommend', 'user'), ('recommend_items', 'new_user')):
+        code, printed, _ = fedrecon_cli[0][script]
+        assert code == 0, printed
+        assert printed.strip().splitlines()[-6:] == loaded[key]
 
 
 def test_in_process_export_of_stored_embeddings(runs, tmp_path):
-    """Experiment.export writes the same functions; scores match in process."""
+    """Experiment.export of users who keep their embedding: the stored rows,
+    the same scores and top-K, `exclude` and unknown ids."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
     experiment, _ = runs['fedrecgel']
     info = experiment.export(tmp_path / 'export')
-    assert info['metadata']['round'] == 3
+    assert info['metadata']['round'] == 3 and info['user_embeddings'] == 'stored'
     loaded = tf.saved_model.load(str(tmp_path / 'export' / 'saved_model'))
     model = experiment.model()
     tables = model.local_tables
+    user_ids = [str(u) for u in experiment.split.user_ids[:4]]
+    np.testing.assert_array_equal(loaded.user_embedding(user_ids)['embedding'].numpy(),
+                                  np.concatenate(tables, axis=1)[:4])
     scores = loaded.signatures['score'](embedding=np.concatenate(tables, axis=1)[:4])
     np.testing.assert_allclose(scores['scores'].numpy(), model.scores(
         [t[:4] for t in tables]), atol=ATOL)
-    batch = experiment.simulation.batches([2], 0)[0]  # User 2's round-0 batch.
-    rebuilt = evaluation.reconstruct_local_tables(
-        model.model_config, model.reconstruction, model.global_weights, [batch])
-    np.testing.assert_allclose(loaded.reconstruct(*batch)['embedding'].numpy(),
-                               np.concatenate(rebuilt, axis=1), atol=ATOL)
+    top = loaded.signatures['recommend'](user_ids=tf.constant(user_ids), k=tf.constant(7))
+    for row, user_id in zip(top['item_ids'].numpy(), user_ids):
+        assert [i.decode() for i in row] == [str(r.item_id)
+                                            for r in model.recommend(user_id, k=7)]
+    # `exclude` replaces the seen items: with none, each user's best item.
+    everything = loaded.recommend(user_ids, 1, exclude=tf.constant([], tf.string))
+    best = model.scores([t[:4] for t in tables]).argmax(axis=1)
+    assert [i.decode() for i in everything['item_ids'].numpy()[:, 0]] == [
+        str(i) for i in model.items.originals(best)]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r'unknown user ids[\s\S]*nope'):
+        loaded.recommend(['nope'], 3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r'unknown item ids[\s\S]*nope'):
+        loaded.recommend_for_items(['nope'], 3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match='k must be >= 1'):
+        loaded.recommend(user_ids, 0)
 
 
 def test_training_beside_a_running_event_loop():

@@ -39,7 +39,7 @@ def _defined_flags(path: pathlib.Path) -> set[str]:
 def _shared_modules_used(path: pathlib.Path) -> set[str]:
     used = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module == 'launch':
+        if isinstance(node, ast.ImportFrom) and node.module == 'tff_fedrecgel.launch':
             used |= {a.name for a in node.names if a.name in SHARED_FLAG_MODULES}
     return used
 
@@ -93,7 +93,7 @@ def test_no_entry_point_text_points_at_the_shared_folder():
 
 def test_tensorboard_command_names_this_environment(tmp_path, monkeypatch):
     sys.path.insert(0, str(REPO))
-    from launch import _entry  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.launch import _entry  # pylint: disable=g-import-not-at-top
 
     monkeypatch.chdir(tmp_path)
     command = _entry.tensorboard_command(tmp_path / 'run' / 'tensorboard')

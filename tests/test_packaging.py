@@ -2,6 +2,7 @@
 
 import ast
 import importlib.metadata
+import os
 import pathlib
 import re
 import shutil
@@ -12,6 +13,8 @@ import zipfile
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# The installed commands (tff-fedrecgel-NAME) and the script each runs.
+COMMANDS = ('train', 'recommend', 'export', 'tune', 'download')
 
 
 def _setup_kwargs() -> dict:
@@ -57,10 +60,12 @@ def test_installs_only_the_library_namespace():
     # Every package of the source tree is installed, from the folder it lives in.
     folders = {'.'.join(p.relative_to(REPO).parent.parts)
                for p in (REPO / 'tff_fedrecgel').rglob('__init__.py')}
-    folders |= {'tff_fedrecgel.' + '.'.join(p.relative_to(REPO).parent.parts)
-                for p in (REPO / 'tasks').rglob('__init__.py')}
+    for mapped in ('tasks', 'launch'):
+        folders |= {'tff_fedrecgel.' + '.'.join(p.relative_to(REPO).parent.parts)
+                    for p in (REPO / mapped).rglob('__init__.py')}
     assert set(packages) == folders
-    assert kwargs['package_dir'] == {'tff_fedrecgel.tasks': 'tasks'}
+    assert kwargs['package_dir'] == {'tff_fedrecgel.tasks': 'tasks',
+                                     'tff_fedrecgel.launch': 'launch'}
 
 
 def test_wheel_holds_no_generic_top_level_names(tmp_path):
@@ -69,7 +74,7 @@ def test_wheel_holds_no_generic_top_level_names(tmp_path):
     for name in ('setup.py', 'pyproject.toml'):
         source.mkdir(exist_ok=True)
         shutil.copy(REPO / name, source / name)
-    for folder in ('tff_fedrecgel', 'tasks'):
+    for folder in ('tff_fedrecgel', 'tasks', 'launch'):
         shutil.copytree(REPO / folder, source / folder,
                         ignore=shutil.ignore_patterns('__pycache__'))
     result = subprocess.run(
@@ -84,7 +89,11 @@ def test_wheel_holds_no_generic_top_level_names(tmp_path):
         '.dist-info')}
     assert top_level == {'tff_fedrecgel'}
     assert 'tff_fedrecgel/tasks/filmtrust.py' in names
-    assert not any(n.startswith('tff_fedrecgel/launch') for n in names)
+    assert 'tff_fedrecgel/launch/train.py' in names
+    (entry_points,) = [n for n in names if n.endswith('.dist-info/entry_points.txt')]
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    for name in COMMANDS:
+        assert f'tff-fedrecgel-{name} = tff_fedrecgel.launch._commands:{name}' in text
 
 
 def test_installed_environment_has_no_tasks_or_launch_module(tmp_path):
@@ -96,6 +105,24 @@ def test_installed_environment_has_no_tasks_or_launch_module(tmp_path):
                             capture_output=True, text=True, timeout=60,
                             check=True)
     assert result.stdout.split() == ['True', 'None', 'None']
+
+
+@pytest.mark.parametrize('name', COMMANDS)
+def test_installed_commands_run_from_anywhere(name, tmp_path):
+    """`pip install -e .` put tff-fedrecgel-NAME beside this Python: its
+    --help is launch/NAME.py's, run from a folder outside the checkout."""
+    command = pathlib.Path(sys.executable).parent / f'tff-fedrecgel-{name}'
+    env = {**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'}
+    env.pop('PYTHONPATH', None)
+    result = subprocess.run([str(command), '--help'], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, check=False, env=env)
+    assert result.returncode == 1, result.stderr  # absl's exit status for --help.
+    usage, flags = result.stdout.split('\nflags:\n', 1)
+    script = REPO / 'launch' / f'{name}.py'
+    assert usage.strip().splitlines()[0] == ast.get_docstring(
+        ast.parse(script.read_text())).splitlines()[0]
+    assert flags.strip().splitlines()[0] == f'{script}:'
+    assert re.search(r'^  --(\[no\])?\w+:', flags, flags=re.MULTILINE)
 
 
 def _imported_modules(path: pathlib.Path) -> set[str]:

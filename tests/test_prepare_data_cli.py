@@ -17,7 +17,7 @@ _SCRIPT = os.path.join('launch', 'prepare_data.py')
 
 def _run(*args, module=False):
     command = [sys.executable]
-    command += ['-m', 'launch.prepare_data'] if module else [_SCRIPT]
+    command += ['-m', 'tff_fedrecgel.launch.prepare_data'] if module else [_SCRIPT]
     return subprocess.run(command + list(args), cwd=_REPO, capture_output=True,
                           text=True, timeout=120, check=False)
 
@@ -101,7 +101,7 @@ def test_csv_run(tmp_path):
 
 
 def test_does_not_import_tensorflow():
-    code = ('import sys; import launch.prepare_data, tff_fedrecgel.tasks, tff_fedrecgel.data;'
+    code = ('import sys; import tff_fedrecgel.launch.prepare_data, tff_fedrecgel.tasks, tff_fedrecgel.data;'
             "print(any(m.split('.')[0] in ('tensorflow',"
             " 'tensorflow_federated') for m in sys.modules))")
     result = subprocess.run([sys.executable, '-c', code], cwd=_REPO,

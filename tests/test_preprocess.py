@@ -364,3 +364,33 @@ def test_smallest_keys_matches_a_full_sort(inflate):
     expected = np.argsort(keys, axis=1)[:, :99]
     np.testing.assert_array_equal(
         preprocess.smallest_keys(keys, 99, available * inflate), expected)
+
+
+def test_the_filters_report_what_they_dropped(tmp_path):
+    """The csv task's split says in one line how many users and rows its
+    rating threshold and the >= 5 filter dropped, also when read back from
+    its cached split files."""
+    from tff_fedrecgel import tasks  # pylint: disable=g-import-not-at-top
+
+    lines = ['user,item,rating']
+    for user in range(8):  # Users 0-1: 3 rows; users 2-7: 12 rows.
+        for item in range(3 if user < 2 else 12):
+            # Rows with item >= 10 rate 1: below the threshold.
+            lines.append(f'u{user},i{(user + item) % 120},{1 if item >= 10 else 4}')
+    lines += ['u8,i1,1', 'u8,i2,1']  # Every row of u8 is below it.
+    # 12 more users, 10 rows each, kept: enough items for the 99 negatives.
+    lines += [f'f{user},j{user * 10 + item},5' for user in range(12) for item in range(10)]
+    path = tmp_path / 'ratings.csv'
+    path.write_text('\n'.join(lines) + '\n')
+    task = tasks.get_task('csv')
+    options = {'rating_col': 'rating', 'min_rating': 3.0}
+    expected = ('filters: kept 18 of 21 users and 180 of 200 rows; dropped 14 rows rated '
+                'below 3 (1 users left with none), then 2 users with fewer than 5 rows '
+                '(6 rows)')
+    prepared = task.prepare(data_dir=path, cache_dir=tmp_path / 'split', **options)
+    assert prepared.split.filter_line() == expected and not prepared.cached
+    again = task.prepare(data_dir=path, cache_dir=tmp_path / 'split', **options)
+    assert again.cached and again.split.filter_line() == expected
+    plain = task.load_split(data_dir=path)
+    assert plain.filter_line() == ('filters: kept 18 of 21 users and 192 of 200 rows; '
+                                   'dropped 3 users with fewer than 5 rows (8 rows)')

@@ -70,7 +70,7 @@ def test_shutdown_stops_the_worker(ignore_sigint):
 def test_entry_point_hook_closes_the_pipe():
     """An entry point's atexit hook stops the worker without explicit calls."""
     code = _RUN_COMPUTATION.format(repo=REPO) + textwrap.dedent('''
-        from launch import _entry
+        from tff_fedrecgel.launch import _entry
         _entry.register_tff_shutdown()
     ''')
     returncode, out = _run_piped(code)
@@ -85,7 +85,7 @@ def test_entry_points_restore_sigint_for_the_worker():
         import signal, sys
         sys.path.insert(0, {REPO!r})
         print('ignored before:', signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
-        from launch import _entry
+        from tff_fedrecgel.launch import _entry
         from tff_fedrecgel import runtime
         _entry.setup_environment()
         print('handled after:', signal.getsignal(signal.SIGINT) is runtime.signals._handle_signal)

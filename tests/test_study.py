@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from launch import study
+from tff_fedrecgel.launch import study
 import worker_watch
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -316,7 +316,7 @@ def _fake_recipe_run(root, name, *, method, seed, hr, full_hr, heldout=0.3):
 
 
 def test_recipe_report_tables_gap_closure_and_figure(tmp_path):
-    from launch import _recipe_report
+    from tff_fedrecgel.launch import _recipe_report
     root = tmp_path / 'recipe'
     for seed in range(2):
         _fake_recipe_run(root, f'lastfm_2k/itempop_seed{seed}', method='itempop', seed=seed,
@@ -343,7 +343,7 @@ def test_recipe_report_tables_gap_closure_and_figure(tmp_path):
 
 
 def test_recipe_report_adds_runs_to_a_report_whose_folders_are_gone(tmp_path):
-    from launch import _recipe_report
+    from tff_fedrecgel.launch import _recipe_report
     old, new = tmp_path / 'old', tmp_path / 'new'
     for seed in range(2):
         for method, hr in (('itempop', 0.6), ('central', 0.9)):
@@ -380,7 +380,7 @@ def test_recipe_report_adds_runs_to_a_report_whose_folders_are_gone(tmp_path):
 
 
 def test_spec_protocol_table_frames_every_paper_method():
-    from launch import _recipe_report
+    from tff_fedrecgel.launch import _recipe_report
 
     def base(name, method, hr):
         valid = '_valid_' in name
@@ -408,3 +408,11 @@ def test_spec_protocol_table_frames_every_paper_method():
     assert '| LastFM-2K | FedRecGEL (tie rule fixed) | — / — | 0.6500 / 0.3250 | 0.25 |' in text
     assert '| LastFM-2K | FedMF | 0.7000 / 0.4000 | 0.7000 / 0.4000 | 0.50 |' in text
     assert text.count('| FedRecGEL') == 1 and 'Amazon-Video' not in text
+
+
+def test_the_readme_results_are_the_recipe_runs_table():
+    """The README's table is generated from docs/recipe_runs.csv, as written."""
+    from tff_fedrecgel.launch import _recipe_report
+    block = _recipe_report.readme_block(pd.read_csv(REPO / 'docs' / 'recipe_runs.csv'))
+    assert block.count('\n| ') >= 4  # A header and a row per dataset.
+    assert block in (REPO / 'README.md').read_text()

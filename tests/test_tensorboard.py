@@ -201,7 +201,7 @@ def served_run(tmp_path_factory):
 
 def test_run_prints_the_tensorboard_command_of_its_environment(served_run,
                                                               monkeypatch):
-    from launch import _entry  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.launch import _entry  # pylint: disable=g-import-not-at-top
     monkeypatch.chdir(REPO)  # Where the run was started.
     expected = _entry.tensorboard_command(served_run['log_dir'])
     assert f'view the curves: {expected}' in served_run['first'].splitlines()

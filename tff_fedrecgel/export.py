@@ -40,14 +40,12 @@ outside the form (the device runs `client_update`, whose outputs include it).
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 import dataclasses
 import json
-import math
 import os
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import computation_pb2
@@ -55,6 +53,13 @@ from tensorflow_federated.proto.v0 import computation_pb2
 from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import evaluation
 from tff_fedrecgel import ranking
+# Where computations run, and the type checks (re-exported: part of this API).
+from tff_fedrecgel.export_checks import AGGREGATION
+from tff_fedrecgel.export_checks import DEVICE
+from tff_fedrecgel.export_checks import FEDERATED
+from tff_fedrecgel.export_checks import SERVER
+from tff_fedrecgel.export_checks import find_local_weights_on_server
+from tff_fedrecgel.export_checks import type_bytes
 from tff_fedrecgel.algorithms import client_update as client_update_lib
 from tff_fedrecgel.algorithms import fedrecgel
 from tff_fedrecgel.algorithms import local_training
@@ -65,14 +70,6 @@ MAPREDUCE_SUMMARY_NAME = 'mapreduce_form.txt'
 DISTRIBUTE_AGGREGATE_SUMMARY_NAME = 'distribute_aggregate_form.txt'
 PROTO_SUFFIX = '.pb'
 MANIFEST_FORMAT = 1
-
-# Where each computation runs. 'federated' computations span placements (only
-# their SERVER-placed parts are server-visible); 'aggregation' pieces run in
-# the aggregation tier (server side, possibly several machines).
-DEVICE = 'device'
-SERVER = 'server'
-AGGREGATION = 'aggregation'
-FEDERATED = 'federated'
 
 MAPREDUCE_PIECES = (
     ('prepare', SERVER),
@@ -189,84 +186,6 @@ def build_mapreduce_round(pieces: fedrecgel.RoundPieces) -> tff.Computation:
         return new_state, metrics
 
     return mapreduce_round
-
-
-def type_bytes(type_spec: tff.Type) -> int:
-    """Bytes of the tensors in a type (placements ignored).
-
-    Args:
-      type_spec: A TFF type of fully defined tensor shapes.
-
-    Returns:
-      The total size in bytes.
-
-    Raises:
-      ValueError: If a tensor shape is not fully defined or a part is not a
-        tensor, struct or federated type.
-    """
-    if isinstance(type_spec, tff.FederatedType):
-        return type_bytes(type_spec.member)
-    if isinstance(type_spec, tff.StructType):
-        return sum(type_bytes(t) for t in type_spec)
-    if isinstance(type_spec, tff.TensorType):
-        if type_spec.shape is None or any(d is None for d in type_spec.shape):
-            raise ValueError(f'tensor size unknown: {type_spec}')
-        return np.dtype(type_spec.dtype).itemsize * math.prod(type_spec.shape)
-    raise ValueError(f'cannot size type {type_spec}')
-
-
-def _server_visible(type_spec: tff.Type, on_server: bool) -> Iterator[tff.Type]:
-    """Yields every server-visible part of `type_spec`, outermost first."""
-    if isinstance(type_spec, tff.FederatedType):
-        yield from _server_visible(
-            type_spec.member, type_spec.placement is tff.SERVER
-        )
-        return
-    if on_server:
-        yield type_spec
-    if isinstance(type_spec, tff.FunctionType):
-        if type_spec.parameter is not None:
-            yield from _server_visible(type_spec.parameter, on_server)
-        yield from _server_visible(type_spec.result, on_server)
-    elif isinstance(type_spec, tff.StructType):
-        for element in type_spec:
-            yield from _server_visible(element, on_server)
-
-
-def find_local_weights_on_server(
-    type_signature: tff.Type, *, runs_on: str, pieces: fedrecgel.RoundPieces,
-    model_config: neumf.ModelConfig,
-) -> list[str]:
-    """Server-visible parts of a signature that look like user-local weights.
-
-    A part is flagged when it is the client-state struct or a tensor shaped like
-    a user embedding row (`[1, gmf_dim]`, `[1, mlp_dim]`). Shapes that some
-    global weight also has (only with `num_items == 1`) are not flagged.
-
-    Args:
-      type_signature: The computation's type signature.
-      runs_on: DEVICE (nothing is server-visible), SERVER or AGGREGATION
-        (everything is), or FEDERATED (the SERVER-placed parts are).
-      pieces: The round's parts (for the client-state type).
-      model_config: The NeuMF sizes.
-
-    Returns:
-      One description per flagged part; empty when the signature is clean.
-    """
-    if runs_on == DEVICE:
-        return []
-    global_shapes = {tuple(s.shape) for s in neumf.global_weight_specs(model_config)}
-    local_shapes = {
-        tuple(s.shape) for s in neumf.local_weight_specs(model_config)} - global_shapes
-    found = []
-    for part in _server_visible(type_signature, runs_on != FEDERATED):
-        if pieces.client_state_type is not None and part.is_equivalent_to(
-            pieces.client_state_type
-        ):
-            found.append(f'client state struct {part}')
-        elif isinstance(part, tff.TensorType) and tuple(part.shape) in local_shapes:
-            found.append(f'user-embedding-shaped tensor {part}')
-    return found
 
 
 def _hyperparameters(

@@ -32,6 +32,7 @@ from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.data.client_data import Batch
 from tff_fedrecgel.data.client_data import DEFAULT_NUM_NEGATIVES
 from tff_fedrecgel.data.client_data import FederatedTrainData
+from tff_fedrecgel.data.client_data import user_uniforms
 from tff_fedrecgel.data.id_maps import IdMap
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.errors import DataError
@@ -40,6 +41,8 @@ from tff_fedrecgel.simulation.driver import EVAL_ROUND
 
 STORED = 'stored'
 REBUILT = 'rebuilt'
+# A new user's data holds one user: its negatives are drawn as user 0's.
+_NEW_USER = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,13 +52,13 @@ class Recommendation:
     Attributes:
       rank: 1 for the best.
       item_id: The item's original id (int or str).
-      item: Its index in the split.
-      score: The model's logit for the user and the item.
+      score: The model's logit for the user and the item (sigmoid(score) is
+        the predicted probability of an interaction; it ranks items for one
+        user and is not calibrated across users).
     """
 
     rank: int
     item_id: Any
-    item: int
     score: float
 
 
@@ -163,8 +166,11 @@ class TrainedModel:
         return self.local_tables is not None and int(user) not in self.rebuilt_users
 
     def _rebuild(self, batch: Batch) -> list[np.ndarray]:
+        return self._rebuild_many([batch])
+
+    def _rebuild_many(self, batches: Sequence[Batch]) -> list[np.ndarray]:
         return evaluation.reconstruct_local_tables(
-            self.model_config, self.reconstruction, self.global_weights, [batch])
+            self.model_config, self.reconstruction, self.global_weights, batches)
 
     def user_embedding(self, user_id: Any) -> UserEmbedding:
         """The embedding of a user of the data, by original id.
@@ -198,9 +204,54 @@ class TrainedModel:
             num_users=1, num_items=self.split.num_items,
             indptr=np.array([0, len(positives)]), items=positives,
             sorted_items=np.sort(positives))
-        batch = one_user.round_batch(0, seed=self.seed, round_num=EVAL_ROUND,
+        batch = one_user.round_batch(_NEW_USER, seed=self.seed, round_num=EVAL_ROUND,
                                      num_negatives=self.num_negatives)
         return UserEmbedding(self._rebuild(batch), REBUILT, positives, batch)
+
+    def all_user_tables(self) -> list[np.ndarray]:
+        """Every user's embedding, as `user_embedding` gives it.
+
+        Stored rows where users keep one; the others rebuilt together from
+        their round-0 batches (`evaluation.reconstruct_local_tables`, as the
+        simulation evaluates them).
+
+        Returns:
+          float32 `[num_users, dim]` tables in `NeuMF.local_variables` order.
+        """
+        num_users = self.split.num_users
+        if self.local_tables is not None:
+            tables = [t.copy() for t in self.local_tables]
+            rebuilt = sorted(self.rebuilt_users)
+        else:
+            tables = [np.zeros((num_users, d), np.float32) for d in self.model_config.local_dims]
+            rebuilt = list(range(num_users))
+        if rebuilt:
+            batches = self._train_data.round_batches(
+                rebuilt, seed=self.seed, round_num=EVAL_ROUND, num_negatives=self.num_negatives)
+            for table, part in zip(tables, self._rebuild_many(batches)):
+                table[rebuilt] = part
+        return tables
+
+    def seen_items_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every user's training items (left out of its recommendations).
+
+        Returns:
+          `(row_splits int64 [num_users + 1], items int32)`: user u's are
+          `items[row_splits[u]:row_splits[u + 1]]`.
+        """
+        return self._train_data.indptr.copy(), self._train_data.items.copy()
+
+    def new_user_uniforms(self, length: int) -> np.ndarray:
+        """The uniforms a new user's batch draws from (`embedding_from_items`).
+
+        Args:
+          length: How many (a new user with P items uses P * (1 + num_negatives)).
+
+        Returns:
+          float64 `[length]`.
+        """
+        return user_uniforms(seed=self.seed, round_num=EVAL_ROUND, user=_NEW_USER,
+                             length=length)
 
     def scores(self, tables: Sequence[np.ndarray]) -> np.ndarray:
         """Logits of every item for users' embeddings.
@@ -232,7 +283,7 @@ class TrainedModel:
         allowed[np.asarray(embedding.seen_items, np.int64)] = False
         candidates = np.flatnonzero(allowed)
         order = candidates[np.lexsort((candidates, -scores[candidates]))][:k]
-        return [Recommendation(rank=r + 1, item_id=self.items.original(i), item=int(i),
+        return [Recommendation(rank=r + 1, item_id=self.items.original(i),
                                score=float(scores[i])) for r, i in enumerate(order)]
 
     def recommend(self, user_id: Any = None, *, items: Sequence[Any] | None = None,

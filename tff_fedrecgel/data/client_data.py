@@ -58,6 +58,26 @@ def heldout_users_for(num_users: int, fraction: float) -> np.ndarray:
     return np.sort(rng.permutation(num_users)[:count]).astype(np.int64)
 
 
+def user_uniforms(*, seed: int, round_num: int, user: int, length: int) -> np.ndarray:
+    """The uniforms `FederatedTrainData.round_batches` draws for one user.
+
+    A user with P positives uses the first ``P * (1 + num_negatives)``: P
+    shuffle keys, then ``num_negatives`` per positive. A longer draw starts
+    with the same values (one 64-bit output per number), which lets the
+    SavedModel carry one table for every new user (`serving`).
+
+    Args:
+      seed: Experiment seed.
+      round_num: Round number.
+      user: User index.
+      length: How many.
+
+    Returns:
+      float64 `[length]` in [0, 1).
+    """
+    return np.random.default_rng([int(seed), int(round_num), int(user)]).random(int(length))
+
+
 class FederatedTrainData:
     """Training positives of every user in CSR form, with batch sampling.
 
@@ -217,10 +237,8 @@ class FederatedTrainData:
                 f'client data: user {bad} has {left} non-training items, '
                 f'fewer than num_negatives={k}')
         # The only per-user Python work: one generator and one draw each.
-        draws = [
-            np.random.default_rng([int(seed), int(round_num), int(u)]).random(
-                int(p) * (1 + k)) for u, p in zip(users, counts)
-        ]
+        draws = [user_uniforms(seed=seed, round_num=round_num, user=u, length=int(p) * (1 + k))
+                 for u, p in zip(users, counts)]
         total = int(counts.sum())
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         seg = np.repeat(np.arange(len(users)), counts)

@@ -224,9 +224,15 @@ def load_csv(path, *, sep: str = ',', header: bool = True, user_col=None,
     if 'timestamp' in wanted:
         timestamps = loaders.parse_numbers(used['timestamp'], path=path,
                                            what='timestamp', header=header)[keep]
+    users_read = used['user'].nunique() if min_rating is not None else 0
     used = used[keep]
     users = loaders.parse_any_ids(used['user'], path=path, what='user id', header=header)
     items = loaders.parse_any_ids(used['item'], path=path, what='item id', header=header)
     if timestamps is None:
         timestamps = loaders.occurrence_index(users) + 1
-    return loaders.raw_frame(users, items, timestamps)
+    raw = loaders.raw_frame(users, items, timestamps)
+    if min_rating is not None:
+        raw.attrs[loaders.RATING_FILTER_ATTR] = {
+            'min_rating': float(min_rating), 'rows': int((~keep).sum()),
+            'users': int(users_read - raw['user'].nunique())}
+    return raw

@@ -387,6 +387,10 @@ parse_any_ids = _parse_any_ids
 occurrence_index = _occurrence_index
 raw_frame = _frame
 
+# `DataFrame.attrs` key of a reader's own row filter (csv's min_rating):
+# {'min_rating', 'rows', 'users'} dropped, reported with the split's filters.
+RATING_FILTER_ATTR = 'rating_filter'
+
 _CSV_READER_NAMES = ('check_csv_options', 'load_csv', 'normalize_separator')
 
 

@@ -20,7 +20,7 @@ Steps (docs/ALGORITHM.md, "The data protocol"):
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -59,6 +59,12 @@ class Split:
         or None when unknown. It may be shorter than ``num_items`` when the
         item count is fixed (Amazon-Video): the indices past its end were
         never seen in the data and have no original id.
+      filtered: What the filters dropped (`filter_line` says it in words), or
+        None when unknown: ``users_read``, ``rows_read`` (the raw input),
+        ``min_rating`` with ``rating_users`` / ``rating_rows`` (the reader's
+        rating threshold: users left with no row, rows below it), and
+        ``min_interactions`` with ``few_users`` / ``few_rows`` (users with
+        fewer rows, and their rows).
     """
 
     num_users: int
@@ -72,6 +78,7 @@ class Split:
     valid_negatives: np.ndarray | None = None
     user_ids: np.ndarray | None = None
     item_ids: np.ndarray | None = None
+    filtered: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # Fail early on inconsistent arrays (e.g. a hand-built or cached split).
@@ -116,6 +123,22 @@ class Split:
     def num_train_interactions(self) -> int:
         """Training rows (duplicates counted)."""
         return int(len(self.train_users))
+
+    def filter_line(self) -> str | None:
+        """One line on what the filters dropped, or None when unknown."""
+        f = self.filtered
+        if not f:
+            return None
+        kept_users = f['users_read'] - f['rating_users'] - f['few_users']
+        kept_rows = f['rows_read'] - f['rating_rows'] - f['few_rows']
+        parts = []
+        if f.get('min_rating') is not None:  # The reader's filter comes first.
+            parts.append(f"{f['rating_rows']:,} rows rated below {f['min_rating']:g} "
+                         f"({f['rating_users']:,} users left with none)")
+        parts.append(f"{f['few_users']:,} users with fewer than {f['min_interactions']} "
+                     f"rows ({f['few_rows']:,} rows)")
+        return (f"filters: kept {kept_users:,} of {f['users_read']:,} users and "
+                f"{kept_rows:,} of {f['rows_read']:,} rows; dropped " + ', then '.join(parts))
 
     def summary(self) -> dict[str, int]:
         """Statistics of the split.
@@ -412,6 +435,18 @@ def build_split(raw: pd.DataFrame, *, validation: bool = False,
     with_keys = raw[list(loaders.RAW_COLUMNS)].assign(
         tie_key=first_appearance_index(raw['item'].to_numpy()))
     kept = filter_users(with_keys, min_interactions=min_interactions)
+    # The reader's own threshold (csv --min_rating) dropped rows before this.
+    by_rating = raw.attrs.get(loaders.RATING_FILTER_ATTR) or {}
+    filtered = {
+        'users_read': int(raw['user'].nunique()) + by_rating.get('users', 0),
+        'rows_read': int(len(raw)) + by_rating.get('rows', 0),
+        'min_rating': by_rating.get('min_rating'),
+        'rating_users': by_rating.get('users', 0),
+        'rating_rows': by_rating.get('rows', 0),
+        'min_interactions': int(min_interactions),
+        'few_users': int(raw['user'].nunique() - kept['user'].nunique()),
+        'few_rows': int(len(raw) - len(kept)),
+    }
     if kept.empty:
         raise DataError(
             f'{source}: no user has at least {min_interactions} interactions')
@@ -457,4 +492,5 @@ def build_split(raw: pd.DataFrame, *, validation: bool = False,
         valid_negatives=valid_negatives,
         user_ids=original_ids(user_ids),
         item_ids=original_ids(item_ids),
+        filtered=filtered,
     )

@@ -247,6 +247,7 @@ def write_split(split: Split, output_dir: PathLike, *,
         'format_version': FORMAT_VERSION,
         'key': _normalize(dict(key or {})),
         'statistics': split.summary(),
+        'filtered': split.filtered,
         'num_items': int(split.num_items),
         'num_negatives': int(split.test_negatives.shape[1]),
         'id_types': {field: _id_type(getattr(split, field))
@@ -362,6 +363,7 @@ def read_split(output_dir: PathLike) -> tuple[Split, dict[str, Any]]:
             valid_items=None if valid is None else valid[:, 1].astype(np.int32),
             valid_negatives=None if valid is None else np.ascontiguousarray(
                 valid[:, 2:], dtype=np.int32),
+            filtered=meta.get('filtered'),
             **id_maps,
         )
     except DataError:
