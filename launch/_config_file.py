@@ -25,7 +25,7 @@ FLAG = 'config'
 def define_config_flag() -> None:
     """Defines `--config` (it is expanded before the flags are parsed)."""
     flags.DEFINE_string(
-        FLAG, None, 'A run\'s hparams.json: its settings as flags at this place on the '
+        'config', None, 'A run\'s hparams.json: its settings as flags at this place on the '
         'command line (flags after it win), e.g. --config=runs/a/hparams.json --seed=1.')
 
 

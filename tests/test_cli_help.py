@@ -11,7 +11,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = REPO / 'launch'
-SHARED_FLAG_MODULES = ('_algorithm_flags', '_data_flags')
+SHARED_FLAG_MODULES = ('_algorithm_flags', '_data_flags', '_config_file')
 
 
 def _absl_entry_points() -> list[str]:
