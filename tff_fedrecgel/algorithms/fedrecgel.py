@@ -3,15 +3,13 @@
 `tff.learning.templates.LearningProcess` can only carry SERVER-placed state, so
 the round is a `tff.templates.IterativeProcess` whose `next` also takes and
 returns CLIENTS-placed state: the simulation driver keeps every user's state
-and feeds the sampled users' rows in. The round is assembled from four parts,
-as TFF's own learning algorithms are:
-
-  distributor   broadcast of the global weights to the clients;
-  client work   the client update (`client_update.build_client_update`);
-  aggregator    a `tff.aggregators` factory over the clients' updates (the
-                weighted mean by default, DP or secure sums on request);
-  finalizer     `server_update`: one step of the server optimizer on the
-                aggregate, skipped when no client contributed.
+and feeds the sampled users' rows in. The round is composed of four parts,
+each a TFF process with its own typed state, as TFF's own learning
+algorithms are (`round_parts`): a distributor (broadcast), the client work
+(the client update over the clients, CLIENTS-placed state in and out), a
+`tff.aggregators` aggregator (the weighted mean by default, DP or secure
+sums on request) and a finalizer (one server optimizer step, skipped when no
+client contributed). `ServerState` holds the four states.
 
 Persistent mode (default):
   next(server_state@SERVER, client_states@CLIENTS, client_data@CLIENTS)
@@ -38,6 +36,7 @@ from tff_fedrecgel import algorithm_config
 from tff_fedrecgel.algorithms import client_update as client_update_lib
 from tff_fedrecgel.algorithms import local_training
 from tff_fedrecgel.algorithms import model_client_work
+from tff_fedrecgel.algorithms import round_parts
 from tff_fedrecgel.models import neumf
 
 SERVER_ADAM_EPSILON = local_training.ADAM_EPSILON
@@ -53,12 +52,19 @@ class ServerState(NamedTuple):
       optimizer_state: The server optimizer's state.
       aggregator_state: The aggregator's state (empty for the plain mean).
       round_num: int32, rounds completed.
+      distributor_state: The distributor's state (empty: a broadcast).
+      client_work_state: The client work process's state (empty).
+
+    The finalizer's state is `optimizer_state`. The empty states come last,
+    so the state of a round saved before they existed still loads.
     """
 
     global_weights: Any
     optimizer_state: Any
     aggregator_state: Any
     round_num: Any
+    distributor_state: Any = ()
+    client_work_state: Any = ()
 
     __getitem__ = client_update_lib.item_or_field
 
@@ -95,26 +101,20 @@ def build_server_optimizer(learning_rate: float = algorithm_config.SERVER.learni
 def build_server_update(server_optimizer: tff.learning.optimizers.Optimizer,
                         global_type: tff.Type, optimizer_state_type: tff.Type
                         ) -> tff.Computation:
-    """The finalizer: one server optimizer step on the aggregated update.
+    """The finalizer's step as one TF computation, with the round count.
 
     Type: `(global_weights, optimizer_state, round_num, update, contributing)
     -> OrderedDict(global_weights, optimizer_state, round_num)`. A round in
     which no client contributed leaves the weights and optimizer untouched.
-    The multi-worker round and the export call this same computation.
+    The multi-worker round and the export call it; the process's finalizer
+    (`round_parts.build_finalizer`) runs the same step.
     """
 
     @tff.tensorflow.computation(global_type, optimizer_state_type, np.int32,
                                 global_type, np.int32)
     def server_update(weights, optimizer_state, round_num, update, contributing):
-        weights = list(weights)
-
-        def step():
-            new_state, new_weights = server_optimizer.next(optimizer_state, weights,
-                                                           list(update))
-            return new_state, list(new_weights)
-
-        new_state, new_weights = tf.cond(contributing > 0, step,
-                                         lambda: (optimizer_state, weights))
+        new_weights, new_state = round_parts.optimizer_step(
+            server_optimizer, weights, optimizer_state, update, contributing)
         return collections.OrderedDict(global_weights=new_weights,
                                        optimizer_state=new_state,
                                        round_num=round_num + 1)
@@ -140,6 +140,11 @@ class RoundPieces:
       client_state_type: Type of one client's state; None in reconstruct mode.
       client_data_type: Type of one client's round batch.
       server_state_type: Type of the server state (unplaced).
+      distributor: The distributor process (a broadcast).
+      client_work_process: The client work as a process over the clients
+        (`round_parts.build_client_work_process`).
+      aggregator: The aggregation process over the clients' updates.
+      finalizer: The finalizer process (`round_parts.build_finalizer`).
     """
 
     process: tff.templates.IterativeProcess
@@ -150,6 +155,10 @@ class RoundPieces:
     client_state_type: tff.Type | None
     client_data_type: tff.Type
     server_state_type: tff.Type
+    distributor: tff.templates.MeasuredProcess
+    client_work_process: tff.templates.MeasuredProcess
+    aggregator: tff.templates.AggregationProcess
+    finalizer: tff.learning.templates.FinalizerProcess
 
 
 def _build_client_work(client_update: client_update_lib.ClientUpdate,
@@ -169,8 +178,8 @@ def _contributing(users, dropped):
 
 
 @tff.tensorflow.computation(np.int32)
-def _as_float(count):
-    return tf.cast(count, tf.float32)
+def _next_round(round_num):
+    return round_num + 1
 
 
 def build_round_pieces(
@@ -235,53 +244,59 @@ def compose_round(
     global_type = tff.types.tensorflow_to_type(global_specs)
     weighted = isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory)
     if weighted:
-        aggregation = model_aggregator.create(global_type, tff.TensorType(np.float32))
+        aggregator = model_aggregator.create(global_type, tff.TensorType(np.float32))
     else:
-        aggregation = model_aggregator.create(global_type)
+        aggregator = model_aggregator.create(global_type)
+    distributor = tff.learning.templates.build_broadcast_process(global_type)
+    client_work = _build_client_work(client_update, global_type)
+    persistent = client_update.state_type is not None
+    client_work_process = round_parts.build_client_work_process(
+        client_work, global_type=global_type, client_state_type=client_update.state_type,
+        client_data_type=client_update.data_type)
+    finalizer = round_parts.build_finalizer(server_optimizer, global_specs)
 
     @tff.tensorflow.computation
-    def initial_weights_and_optimizer():
-        return initial_global_weights(), server_optimizer.initialize(global_specs)
+    def initial_weights():
+        return initial_global_weights()
 
     @tff.federated_computation
     def initialize_fn():
-        weights, optimizer_state = tff.federated_eval(initial_weights_and_optimizer,
-                                                      tff.SERVER)
         return tff.federated_zip(ServerState(
-            global_weights=weights, optimizer_state=optimizer_state,
-            aggregator_state=aggregation.initialize(),
-            round_num=tff.federated_value(np.int32(0), tff.SERVER)))
+            global_weights=tff.federated_eval(initial_weights, tff.SERVER),
+            optimizer_state=finalizer.initialize(), aggregator_state=aggregator.initialize(),
+            round_num=tff.federated_value(np.int32(0), tff.SERVER),
+            distributor_state=distributor.initialize(),
+            client_work_state=client_work_process.initialize()))
 
     server_state_type = initialize_fn.type_signature.result.member
-    client_work = _build_client_work(client_update, global_type)
     server_update = build_server_update(server_optimizer, global_type,
                                         server_state_type.optimizer_state)
-    persistent = client_update.state_type is not None
 
     def round_body(server_state, client_states, client_data):
-        weights = tff.federated_broadcast(server_state.global_weights)
-        args = (weights, client_states, client_data) if persistent else (weights, client_data)
-        outputs = tff.federated_map(client_work, args)
+        distributed = distributor.next(server_state.distributor_state,
+                                       server_state.global_weights)
+        args = (distributed.result, client_states, client_data) if persistent else (
+            distributed.result, client_data)
+        work = client_work_process.next(server_state.client_work_state, *args)
+        outputs = work.result
         if weighted:
-            aggregated = aggregation.next(server_state.aggregator_state, outputs.update,
-                                          outputs.weight)
+            aggregated = aggregator.next(server_state.aggregator_state, outputs.update,
+                                         outputs.weight)
         else:
-            aggregated = aggregation.next(server_state.aggregator_state, outputs.update)
-        contributing = tff.federated_map(_contributing, (outputs.users, outputs.dropped))
-        server = tff.federated_map(server_update, (
-            server_state.global_weights, server_state.optimizer_state,
-            server_state.round_num, aggregated.result, tff.federated_sum(contributing)))
+            aggregated = aggregator.next(server_state.aggregator_state, outputs.update)
+        contributing = tff.federated_sum(
+            tff.federated_map(_contributing, (outputs.users, outputs.dropped)))
+        finalized = finalizer.next(
+            server_state.optimizer_state, server_state.global_weights,
+            tff.federated_zip(collections.OrderedDict(update=aggregated.result,
+                                                      contributing=contributing)))
         new_server_state = tff.federated_zip(ServerState(
-            global_weights=server.global_weights, optimizer_state=server.optimizer_state,
-            aggregator_state=aggregated.state, round_num=server.round_num))
-        # Metrics are means over the users that contributed.
-        means = tff.federated_mean(outputs.metrics,
-                                   weight=tff.federated_map(_as_float, contributing))
-        metrics = tff.federated_zip(collections.OrderedDict(
-            loss=means.loss,
-            sam_loss_global=means.sam_loss_global,
-            sam_loss_local=means.sam_loss_local,
-            examples_per_client=means.num_examples,
+            global_weights=finalized.result, optimizer_state=finalized.state,
+            aggregator_state=aggregated.state,
+            round_num=tff.federated_map(_next_round, server_state.round_num),
+            distributor_state=distributed.state, client_work_state=work.state))
+        metrics = tff.federated_zip(round_parts.round_metrics(
+            lambda name: getattr(work.measurements, name),
             clients=tff.federated_sum(outputs.users),
             dropped_clients=tff.federated_sum(outputs.dropped),
             aggregation=aggregated.measurements))
@@ -304,7 +319,9 @@ def compose_round(
         process=tff.templates.IterativeProcess(initialize_fn, next_fn),
         client_work=client_work, server_update=server_update, round_body=round_body,
         global_type=global_type, client_state_type=client_update.state_type,
-        client_data_type=client_update.data_type, server_state_type=server_state_type)
+        client_data_type=client_update.data_type, server_state_type=server_state_type,
+        distributor=distributor, client_work_process=client_work_process,
+        aggregator=aggregator, finalizer=finalizer)
 
 
 def build_fedrecgel_process(

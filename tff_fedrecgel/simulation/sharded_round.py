@@ -42,6 +42,7 @@ import tensorflow_federated as tff
 
 from tff_fedrecgel.algorithms import client_update as client_update_lib
 from tff_fedrecgel.algorithms import fedrecgel
+from tff_fedrecgel.algorithms import round_parts
 from tff_fedrecgel.data import batching
 from tff_fedrecgel.simulation import transport
 
@@ -293,14 +294,15 @@ class ShardedRound:
         new_server_state = fedrecgel.ServerState(
             global_weights=list(server['global_weights']),
             optimizer_state=server['optimizer_state'],
-            aggregator_state=server_state.aggregator_state, round_num=server['round_num'])
+            aggregator_state=server_state.aggregator_state, round_num=server['round_num'],
+            distributor_state=server_state.distributor_state,
+            client_work_state=server_state.client_work_state)
         with np.errstate(invalid='ignore', divide='ignore'):
             means = {k: np.float32(np.float32(total['metric_sums'][k]) / np.float32(contributing))
                      for k in METRIC_KEYS}
-        metrics = collections.OrderedDict(
-            loss=means['loss'], sam_loss_global=means['sam_loss_global'],
-            sam_loss_local=means['sam_loss_local'], examples_per_client=means['num_examples'],
-            clients=np.int32(total['users']), dropped_clients=np.int32(total['dropped']),
+        metrics = round_parts.round_metrics(
+            means.__getitem__, clients=np.int32(total['users']),
+            dropped_clients=np.int32(total['dropped']),
             # The default mean's (empty) measurements, as the process reports.
             aggregation=collections.OrderedDict(mean_value=(), mean_weight=()))
         if self.persistent:
