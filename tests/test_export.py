@@ -145,7 +145,9 @@ def test_files_and_manifest(exported):
     manifest = exported['manifest']
     assert manifest == json.loads(json.dumps(exported['written']))
     for required in ('initialize', 'next', 'federated_evaluation',
-                     'client_update', 'server_update', 'mapreduce_round',
+                     'client_update', 'server_update', 'distributor_next',
+                     'client_work_next', 'aggregator_next', 'finalizer_next',
+                     'mapreduce_round',
                      'mapreduce_prepare', 'mapreduce_work', 'mapreduce_update',
                      'distribute_aggregate_client_work'):
         assert required in manifest['computations']

@@ -265,6 +265,10 @@ def build_deployment(
         federated_evaluation=federated_eval,
         client_update=pieces.client_work,
         server_update=pieces.server_update,
+        distributor_next=pieces.distributor.next,
+        client_work_next=pieces.client_work_process.next,
+        aggregator_next=pieces.aggregator.next,
+        finalizer_next=pieces.finalizer.next,
         mapreduce_round=mapreduce_round,
         mapreduce_initialize=(
             tff.backends.mapreduce.get_state_initialization_computation(
@@ -279,6 +283,11 @@ def build_deployment(
         'federated_evaluation': FEDERATED,
         'client_update': DEVICE,
         'server_update': SERVER,
+        # The round's four parts, each a process (`fedrecgel.RoundPieces`).
+        'distributor_next': FEDERATED,
+        'client_work_next': FEDERATED,
+        'aggregator_next': FEDERATED,
+        'finalizer_next': FEDERATED,
         'mapreduce_round': FEDERATED,
         'mapreduce_initialize': SERVER,
     }
