@@ -19,8 +19,12 @@ import pandas as pd
 import portpicker
 import pytest
 
+import tensorflow as tf
+
+from tff_fedrecgel import run_settings
 from tff_fedrecgel.data import preprocess
 from tff_fedrecgel.program import tensorboard_extras
+from tff_fedrecgel.program import tensorboard_hparams
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -40,21 +44,36 @@ def _session_start_infos(log_dir):
     return found
 
 
-def test_session_hparams_orders_and_drops_unset_values():
-    values = tensorboard_extras.session_hparams(
-        {'zeta': 1, 'seed': np.int64(3), 'task': 'filmtrust', 'data_dir': None,
-         'rho_sh': 0.0, 'shape': (1, 2), 'validation': np.bool_(True)},
-        key_hparams=('task', 'algorithm', 'seed', 'rho_sh'))
-    assert list(values) == ['task', 'seed', 'rho_sh', 'shape', 'validation', 'zeta']
-    assert values['seed'] == 3 and type(values['seed']) is int
-    assert values['validation'] is True
+def test_session_hparams_shows_changed_settings_first_and_ints_as_text():
+    values, shown = tensorboard_hparams.session_hparams(
+        {'zeta': 1, 'seed': np.int64(3), 'task': 'filmtrust', 'data_dir': '/d',
+         'algorithm': 'fedrecgel', 'rho_sh': 0.1, 'local_lr': run_settings.default('local_lr'),
+         'shape': (1, 2), 'validation': np.bool_(True), 'clients_per_round': None})
+    # The task's default radius is not 0.1; the default learning rate is kept.
+    assert shown == ['algorithm', 'task', 'seed', 'rho_sh', 'validation', 'shape', 'zeta',
+                     'data_dir']
+    assert list(values) == shown + ['local_lr']
+    assert values['seed'] == '3' and values['zeta'] == '1'  # Not 3.0000.
+    assert values['validation'] is True and values['rho_sh'] == 0.1
     assert values['shape'] == '(1, 2)'
-    assert 'None' not in map(str, values.values())
+    assert 'clients_per_round' not in values  # Unset: left out.
+
+
+def test_changed_settings_compare_with_the_task_defaults():
+    hparams = run_settings.settings('synthetic', preset='paper', seed=4).hparams()
+    # synthetic's own preset is 'auto'; its radii and rounds are its defaults.
+    assert run_settings.changed_settings(hparams) == ['preset', 'seed']
+    hparams.update(rho_sh=0.5, dp_clip=None, secure_aggregation=True)
+    assert run_settings.changed_settings(hparams) == ['preset', 'rho_sh', 'seed',
+                                                      'secure_aggregation']
 
 
 def test_metric_display_names():
-    assert tensorboard_extras.metric_display_name('test/hr@10') == 'test HR@10'
-    assert tensorboard_extras.metric_display_name('train/loss') == 'train loss'
+    name = tensorboard_hparams.metric_display_name
+    assert name('test/hr@10') == 'test HR@10'
+    assert name('train/loss') == 'train loss'
+    assert name('selected/test/hr@10') == 'HR@10 sampled'
+    assert name('selected/test_full/ndcg@10') == 'NDCG@10 full'
 
 
 def test_scalar_tags_put_counters_and_timings_apart_with_descriptions():
@@ -75,17 +94,36 @@ def test_scalar_tags_put_counters_and_timings_apart_with_descriptions():
 
 def test_rewriting_hparams_replaces_the_session(tmp_path):
     first = {'task': 'synthetic', 'total_rounds': 2, 'data_dir': None}
-    tensorboard_extras.write_hparams(tmp_path, hparams=first, trial_id='exp',
-                                     metric_tags=['test/hr@10'])
-    tensorboard_extras.write_hparams(
-        tmp_path, hparams={**first, 'total_rounds': 5}, trial_id='exp',
-        metric_tags=['test/hr@10'])
+    metrics = {'selected/test/hr@10': 'HR@10'}
+    tensorboard_hparams.write_hparams(tmp_path, hparams=first, trial_id='exp',
+                                      metrics=metrics)
+    tensorboard_hparams.write_hparams(
+        tmp_path, hparams={**first, 'total_rounds': 5}, trial_id='exp', metrics=metrics)
     (only,) = _session_start_infos(tmp_path)
     info = only[1]
     assert info.group_name == 'exp'
-    assert info.hparams['total_rounds'].number_value == 5
+    assert info.hparams['total_rounds'].string_value == '5'
     assert info.hparams['task'].string_value == 'synthetic'
     assert 'data_dir' not in info.hparams
+
+
+def test_rewriting_selected_metrics_keeps_one_value_a_tag(tmp_path):
+    from tensorboard.backend.event_processing import event_accumulator
+    tensorboard_hparams.write_selected(
+        tmp_path, selected={'selected/test/hr@10': (2, 0.25, 'at round 2')})
+    tensorboard_hparams.write_selected(
+        tmp_path, selected={'selected/test/hr@10': (5, 0.5, 'at round 5')})
+    accumulator = event_accumulator.EventAccumulator(str(tmp_path))
+    accumulator.Reload()
+    (event,) = accumulator.Tensors('selected/test/hr@10')
+    assert event.step == 5
+    assert float(tf.make_ndarray(event.tensor_proto)) == 0.5
+
+
+def test_popularity_deciles_share_ties_and_span_one_to_ten():
+    deciles = tensorboard_extras.popularity_deciles(np.array([5, 0, 0, 9, 5, 1, 2, 3, 4, 7]))
+    assert deciles.tolist() == [7, 1, 1, 10, 7, 3, 4, 5, 6, 9]
+    assert tensorboard_extras.popularity_deciles(np.zeros(4, int)).tolist() == [1] * 4
 
 
 def _tiny_split(item_ids):
@@ -108,6 +146,8 @@ def test_projector_labels_items_by_original_id(tmp_path):
                          dtype=str, keep_default_na=False)
     assert labels['item'].tolist() == ['a b', 'song 1', 'c', '#3']
     assert labels['train_users'].astype(int).tolist() == [1, 2, 1, 0]
+    # 1 + floor(10 * share of items less popular).
+    assert labels['popularity_decile'].astype(int).tolist() == [3, 8, 3, 1]
     np.testing.assert_allclose(
         np.loadtxt(tmp_path / 'projector' / 'item_gmf.tsv', delimiter='\t'), gmf)
     config = (tmp_path / 'projector_config.pbtxt').read_text()
@@ -192,8 +232,9 @@ def served_run(tmp_path_factory):
             assert server.poll() is None, 'TensorBoard exited'
             assert time.monotonic() < deadline, 'TensorBoard served no data'
             time.sleep(1)
+        summary = json.loads((root / 'listening_test' / 'summary.json').read_text())
         yield {'url': url, 'log_dir': log_dir, 'first': first,
-               'rows': rows, 'groups': groups}
+               'rows': rows, 'groups': groups, 'summary': summary}
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -226,21 +267,41 @@ def test_every_plugin_is_active_from_the_one_logdir(served_run):
 def test_hparams_dashboard_is_readable_and_current(served_run):
     experiment = json.loads(_get(f'{served_run["url"]}/data/plugin/hparams/experiment',
                                  {'experimentName': ''}))
-    names = [h['name'] for h in experiment['hparamInfos']]
-    # The dashboard shows the first five by default.
-    assert names[:5] == ['task', 'algorithm', 'seed', 'rho_sh', 'rho_ns']
+    infos = {h['name']: h for h in experiment['hparamInfos']}
+    names = list(infos)
+    shown = [name for name in names if infos[name].get('differs')]
+    # The changed settings come first (the dashboard ticks the first five).
+    assert names[:len(shown)] == shown and shown[:2] == ['algorithm', 'task']
+    assert {'validation', 'total_rounds', 'data_dir'} <= set(shown)
+    assert 'seed' not in shown and 'seed' in names  # Its default: listed, not ticked.
+    assert infos['seed']['type'] == 'DATA_TYPE_STRING'
+    assert infos['rho_sh']['type'] == 'DATA_TYPE_FLOAT64'
     assert [m['name']['tag'] for m in experiment['metricInfos']] == [
-        'test/hr@10', 'test/ndcg@10', 'valid/hr@10', 'valid/ndcg@10', 'train/loss']
-    assert experiment['metricInfos'][0]['displayName'] == 'test HR@10'
+        'selected/test/hr@10', 'selected/test/ndcg@10']
+    assert experiment['metricInfos'][0]['displayName'] == 'HR@10 sampled'
     (group,) = served_run['groups']['sessionGroups']
     assert group['name'] == 'listening_test'
     hparams = group['hparams']
-    assert hparams['task'] == 'csv' and hparams['total_rounds'] == 3  # Resumed.
+    assert hparams['task'] == 'csv' and hparams['total_rounds'] == '3'  # Resumed.
+    assert hparams['seed'] == '0'  # An integer, not 0.0000.
     assert 'None' not in map(str, hparams.values())
     assert 'clients_per_round' not in hparams  # Unset: left out.
-    steps = {m['name']['tag']: m['trainingStep'] for m in group['metricValues']}
-    assert steps == {'test/hr@10': 3, 'test/ndcg@10': 3, 'valid/hr@10': 3,
-                     'valid/ndcg@10': 3, 'train/loss': 3}
+    # The metrics at the round chosen on the validation item, as the summary.
+    headline = served_run['summary']['headline']
+    assert headline['selection'] == 'valid'
+    values = {m['name']['tag']: (m['trainingStep'], m['value'])
+              for m in group['metricValues']}
+    assert values == {
+        'selected/test/hr@10': (headline['round'], pytest.approx(headline['test/hr@10'])),
+        'selected/test/ndcg@10': (headline['round'],
+                                  pytest.approx(headline['test/ndcg@10']))}
+
+
+def test_selected_metrics_show_once_after_the_resume(served_run):
+    scalars = json.loads(_get(
+        f'{served_run["url"]}/data/plugin/scalars/scalars?run=listening_test'
+        '&tag=selected/test/hr@10'))
+    assert [point[1] for point in scalars] == [served_run['summary']['headline']['round']]
 
 
 def test_projector_shows_both_item_tables_with_original_ids(served_run):
@@ -259,11 +320,14 @@ def test_projector_shows_both_item_tables_with_original_ids(served_run):
         assert np.isfinite(tensor).all() and tensor.std() > 0
     metadata = _get(f'{url}/data/plugin/projector/metadata?run=listening_test&name=item_gmf')
     lines = metadata.decode().splitlines()
-    assert lines[0] == 'item\tindex\ttrain_users'
+    assert lines[0] == 'item\tindex\ttrain_users\tpopularity_decile'
     labels = [line.split('\t')[0] for line in lines[1:]]
     assert labels == items  # Original ids, in index (sorted id) order.
     popularity = [int(line.split('\t')[2]) for line in lines[1:]]
     assert sum(popularity) > 0 and max(popularity) <= 40
+    deciles = [int(line.split('\t')[3]) for line in lines[1:]]
+    assert deciles == tensorboard_extras.popularity_deciles(np.array(popularity)).tolist()
+    assert max(deciles) == 10 and min(deciles) == 1
 
 
 def test_scalars_are_one_named_run_with_described_tags(served_run):

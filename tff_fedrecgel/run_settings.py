@@ -67,6 +67,48 @@ def default(name: str) -> Any:
     return Settings.__dataclass_fields__[name].default  # pylint: disable=no-member
 
 
+def task_default(spec: tasks.Task, name: str) -> Any:
+    """What a run of task `spec` has for setting `name` when it names no
+    preset and no value: the task's own default, else `default(name)`.
+
+    Raises:
+      KeyError: If `name` is not a setting.
+    """
+    if name == 'preset':
+        return spec.default_preset
+    owned = _task_defaults(spec)
+    return owned[name] if name in owned else default(name)
+
+
+def changed_settings(hparams: Mapping[str, Any]) -> list[str]:
+    """The recorded settings a run changed from its task's defaults.
+
+    A `Settings` field counts when its value differs from `task_default`
+    (whatever changed it: a flag, a preset or the method); a recorded name
+    that is not a field (a reader option ``data_*``, a privacy setting)
+    counts when it is set (neither None nor False).
+
+    Args:
+      hparams: A run's `hparams.json` (with its `task`).
+
+    Returns:
+      The changed names, in the order of `hparams`.
+
+    Raises:
+      DataError: If the task is unknown.
+    """
+    spec = tasks.get_task(hparams.get('task'))
+    fields = {f.name for f in dataclasses.fields(Settings)} - {'task', 'data_options'}
+    changed = []
+    for name, value in hparams.items():
+        if name in fields:
+            if value != task_default(spec, name):
+                changed.append(name)
+        elif name != 'task' and value is not None and value is not False:
+            changed.append(name)
+    return changed
+
+
 def check_type(name: str, value: Any, kind: str) -> None:
     """Refuses a value that is not of `kind` ('int', 'float', 'str', 'bool').
 
@@ -435,10 +477,9 @@ def preset_banner(run: Settings, data_profile: recipes.DataProfile | None) -> st
     if run.preset == recipes.PAPER:
         return ('preset paper: the paper\'s protocol, which ranks near item popularity '
                 '(docs/RESULTS.md); --preset=auto learns')
-    fallback = _task_defaults(spec)
     changed = []
     for name, value in spec.preset(run.preset, data_profile).items():
-        before = fallback[name] if name in fallback else default(name)
+        before = task_default(spec, name)
         if getattr(run, name, None) == value and value != before:
             changed.append(f'{name} {before:g} -> {value:g}' if isinstance(value, (int, float))
                            and not isinstance(value, bool) else f'{name} {before} -> {value}')

@@ -187,13 +187,39 @@ class EvaluationPlan:
                 best[name] = record
         return best
 
-    def dashboard_metrics(self) -> list[str]:
-        """The scalar tags TensorBoard's hparams dashboard shows."""
-        tags = []
+    def _protocol_selection(self, protocol: str) -> str:
+        """The selection that stands for a protocol: on its validation item
+        when there is one, else on its test item."""
+        suffix = _SUFFIX[protocol]
+        return ('valid' if self.validation else 'test') + suffix
+
+    def dashboard_metrics(self) -> dict[str, str]:
+        """Tag -> description of the metrics TensorBoard's hparams dashboard
+        shows (`selected_metrics`' tags): HR@10 and NDCG@10 of the test item
+        under each protocol, at that protocol's selected round."""
+        out = {}
         for protocol in self.protocols:
-            for group in self.groups(protocol):
-                tags += [f'{group.name}/hr@10', f'{group.name}/ndcg@10']
-        return tags + ['train/loss']
+            name = self._protocol_selection(protocol)
+            on = 'validation' if self.validation else 'test'
+            for metric in ('hr@10', 'ndcg@10'):
+                group = 'test' + _SUFFIX[protocol]
+                out[f'selected/{group}/{metric}'] = (
+                    f'{group}/{metric} at the round chosen on the {on} item\'s '
+                    f'{SELECT_ON} ({name}; the step is that round).')
+        return out
+
+    def selected_metrics(self, best: Mapping) -> dict[str, tuple[int, float, str]]:
+        """Tag -> (round, value, description) of `dashboard_metrics` from the
+        best-so-far records; a selection with no round yet is left out."""
+        out = {}
+        for tag, description in self.dashboard_metrics().items():
+            _, group, metric = tag.split('/')
+            protocol = 'full' if group.endswith('_full') else 'sampled'
+            record = best[self._protocol_selection(protocol)]
+            if int(record['round']) > 0:
+                out[tag] = (int(record['round']), float(record[f'{group}/{metric}']),
+                            description)
+        return out
 
     def headline(self, best: Mapping) -> dict[str, Any]:
         """The figure a run reports first: the test metrics at the round

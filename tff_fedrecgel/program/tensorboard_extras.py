@@ -12,18 +12,14 @@ name>/` (`run_log_dir`), so `tensorboard --logdir <run>/tensorboard` shows
 every plugin under the experiment's name, and a folder of runs shows each
 under its own:
 
-- hparams: `hparams_config` (the declared metrics and settings, key settings
-  first) and the session (this run's settings, named by the experiment) in one
-  event file, ``*.hparams.v2``, replaced whenever a run starts or resumes
-  (TensorBoard keeps the first summary it reads for a tag, so an updated
-  session needs a new file, not another event);
+- hparams: `tensorboard_hparams` (the settings and the selected metrics);
 - projector: ``projector_config.pbtxt`` at the top of the folder, its tables
   and labels in ``projector/`` as TSV files, so that no checkpoint is needed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 import os
 import pathlib
 import time
@@ -34,10 +30,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorboard.compat.proto import event_pb2
 from tensorboard.plugins import projector
-from tensorboard.plugins.hparams import api as hparams_api
 import tree
 # `import_event` writes a whole Event proto; no public tf.summary API does.
 from tensorflow.python.ops import summary_ops_v2  # pylint: disable=g-direct-tensorflow-import
+
+from tff_fedrecgel.data.preprocess import Split
 
 
 # Released metrics that count or time the round rather than measure the
@@ -171,109 +168,31 @@ class ScalarReleaseManager(tff.program.ReleaseManager):
     def close(self) -> None:
         self._writer.close()
 
-from tff_fedrecgel.data.preprocess import Split
-
-# The hparams dashboard of TensorBoard 2.14 shows the first five settings of
-# the declared list by default (the others are a click away).
-KEY_HPARAMS = ('task', 'algorithm', 'seed', 'rho_sh', 'rho_ns', 'server_lr',
-               'local_lr', 'total_rounds', 'client_fraction', 'validation')
-HPARAMS_SUFFIX = '.hparams.v2'
 PROJECTOR_DIR = 'projector'
 ITEMS_FILE = 'items.tsv'
-
-
-def metric_display_name(tag: str) -> str:
-    """'test/hr@10' -> 'test HR@10'."""
-    split, _, name = tag.partition('/')
-    metric, at, k = name.partition('@')
-    metric = metric.upper() if at else metric
-    return f'{split} {metric}{at}{k}'
-
-
-def _hparam(name: str, value: Any) -> hparams_api.HParam:
-    """Declares a setting with a domain of its type.
-
-    Strings get no domain: a discrete domain would hide, in a folder of
-    several runs, every run whose value it does not list.
-    """
-    if isinstance(value, bool):
-        return hparams_api.HParam(name, hparams_api.Discrete([False, True]))
-    if isinstance(value, int):
-        return hparams_api.HParam(name, hparams_api.IntInterval(value, value))
-    if isinstance(value, float):
-        return hparams_api.HParam(name, hparams_api.RealInterval(value, value))
-    return hparams_api.HParam(name)
-
-
-def session_hparams(hparams: Mapping[str, Any],
-                    key_hparams: Sequence[str] = KEY_HPARAMS) -> dict[str, Any]:
-    """The settings as the dashboard gets them, key settings first.
-
-    Unset settings (None) are left out rather than shown as "None"; values
-    that are not bool, int, float or str become their text.
-
-    Args:
-      hparams: Every setting of the run.
-      key_hparams: Settings to put first, in this order.
-
-    Returns:
-      An ordered dict of bool, int, float and str values.
-    """
-    ordered = [k for k in key_hparams if k in hparams]
-    ordered += sorted(k for k in hparams if k not in key_hparams)
-    result = {}
-    for name in ordered:
-        value = hparams[name]
-        if value is None:
-            continue
-        if isinstance(value, (np.generic,)):
-            value = value.item()
-        if not isinstance(value, (bool, int, float, str)):
-            value = str(value)
-        result[name] = value
-    return result
-
-
-def write_hparams(log_dir: os.PathLike | str, *, hparams: Mapping[str, Any],
-                  trial_id: str, metric_tags: Sequence[str],
-                  key_hparams: Sequence[str] = KEY_HPARAMS) -> pathlib.Path:
-    """Writes (or rewrites) the run's hparams for TensorBoard's dashboard.
-
-    Call it whenever a run starts or resumes: the previous hparams file of the
-    folder is replaced, so the dashboard shows the current settings.
-
-    Args:
-      log_dir: The TensorBoard folder of the run (where its scalars are).
-      hparams: Every setting of the run; None values are left out.
-      trial_id: The session's name in the dashboard (the experiment name).
-      metric_tags: Scalar tags the run writes, shown as the dashboard's
-        metrics (their latest values), e.g. ``test/hr@10``.
-      key_hparams: Settings to list first; the dashboard shows the first five.
-
-    Returns:
-      The event file written.
-    """
-    log_dir = pathlib.Path(log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    for old in log_dir.glob(f'events.out.tfevents.*{HPARAMS_SUFFIX}'):
-        old.unlink()
-    values = session_hparams(hparams, key_hparams)
-    writer = tf.summary.create_file_writer(str(log_dir),
-                                           filename_suffix=HPARAMS_SUFFIX)
-    with writer.as_default():
-        hparams_api.hparams_config(
-            hparams=[_hparam(name, value) for name, value in values.items()],
-            metrics=[hparams_api.Metric(tag, display_name=metric_display_name(tag))
-                     for tag in metric_tags])
-        hparams_api.hparams(values, trial_id=trial_id)
-    writer.close()
-    (written,) = log_dir.glob(f'events.out.tfevents.*{HPARAMS_SUFFIX}')
-    return written
 
 
 def _label(value: Any) -> str:
     # TSV cells: no tabs or line breaks.
     return ' '.join(str(value).split()) or '""'
+
+
+def popularity_deciles(popularity: np.ndarray) -> np.ndarray:
+    """Each item's popularity decile, 1 (least) to 10 (most popular).
+
+    An item's decile is 1 + floor(10 * share of items strictly less popular
+    than it): items of equal popularity share one decile, and the items no
+    one trained on are all in the first.
+
+    Args:
+      popularity: int [num_items] counts.
+
+    Returns:
+      int [num_items] deciles.
+    """
+    popularity = np.asarray(popularity)
+    below = np.searchsorted(np.sort(popularity), popularity, side='left')
+    return 1 + (10 * below) // max(len(popularity), 1)
 
 
 def write_item_projector(log_dir: os.PathLike | str, *,
@@ -282,8 +201,10 @@ def write_item_projector(log_dir: os.PathLike | str, *,
     """Writes item embedding tables for TensorBoard's projector.
 
     Each item is labelled by its original id (`split.item_ids`; an index past
-    the map, never seen in the data, by ``#<index>``), with its index and its
-    number of training users as further columns.
+    the map, never seen in the data, by ``#<index>``), with its index, its
+    number of training users (`train_users`) and its popularity decile
+    (`popularity_decile`, `popularity_deciles`) as further columns: the
+    projector colours by either ("Color by").
 
     Args:
       log_dir: The TensorBoard folder of the run (where its scalars are).
@@ -300,11 +221,12 @@ def write_item_projector(log_dir: os.PathLike | str, *,
     pairs = np.unique(split.train_users.astype(np.int64) * num_items
                       + split.train_items)
     popularity = np.bincount(pairs % num_items, minlength=num_items)
+    deciles = popularity_deciles(popularity)
     ids = [] if split.item_ids is None else split.item_ids.tolist()
-    rows = ['item\tindex\ttrain_users']
+    rows = ['item\tindex\ttrain_users\tpopularity_decile']
     for index in range(num_items):
         label = _label(ids[index]) if index < len(ids) else f'#{index}'
-        rows.append(f'{label}\t{index}\t{int(popularity[index])}')
+        rows.append(f'{label}\t{index}\t{int(popularity[index])}\t{int(deciles[index])}')
     (assets / ITEMS_FILE).write_text('\n'.join(rows) + '\n', encoding='utf-8')
 
     config = projector.ProjectorConfig()

@@ -50,6 +50,7 @@ from tff_fedrecgel.program import progress as progress_lib
 from tff_fedrecgel.program import run_record
 from tff_fedrecgel.program.metrics_log import MetricsLog
 from tff_fedrecgel.program import tensorboard_extras
+from tff_fedrecgel.program import tensorboard_hparams
 from tff_fedrecgel.program.evaluation_plan import SELECT_ON
 from tff_fedrecgel.program.evaluation_plan import EvaluationPlan
 from tff_fedrecgel.program.outputs import ExperimentPaths
@@ -373,9 +374,9 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
         tb_manager = tensorboard_extras.ScalarReleaseManager(
             paths.tensorboard_run, first_step=start_round)
         # Written again on a resume, so the dashboard shows the current settings.
-        tensorboard_extras.write_hparams(
+        tensorboard_hparams.write_hparams(
             paths.tensorboard_run, hparams=hparams, trial_id=paths.root.name,
-            metric_tags=plan.dashboard_metrics())
+            metrics=plan.dashboard_metrics())
 
     bar = progress_lib.progress_display(
         total=total_rounds, initial=simulation.round_num, enabled=progress)
@@ -445,6 +446,10 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
                 paths.tensorboard_run, split=simulation.split,
                 item_tables={'item_gmf': item_gmf} if item_mlp is None else {
                     'item_gmf': item_gmf, 'item_mlp': item_mlp})
+    with _writing(f'the selected metrics in {paths.tensorboard_run}'):
+        # Also on a resume with nothing left to run: one file, one value a tag.
+        tensorboard_hparams.write_selected(paths.tensorboard_run,
+                                           selected=plan.selected_metrics(best))
     summary = _summary(simulation, plan, best, test_metrics, train_seconds, eval_seconds)
     if stopped_early:
         summary['stopped_early'] = {'round': simulation.round_num, 'patience': patience}
