@@ -79,6 +79,7 @@ def test_a_new_method_trains_and_evaluates_from_its_registration(registered):
 @pytest.mark.parametrize('name,refused', [
     ('fedrecgel', []),
     ('fedmf', []),
+    ('fedsam', ['update']),
     ('fedrecon', ['server_optimizer', 'local_state', 'loss_reduction', 'update',
                   'local_epochs', 'client_lr', 'client_weighting', 'sharpness_probe',
                   'workers']),
@@ -100,3 +101,38 @@ def test_a_preset_sets_only_what_the_method_takes():
     recon = run_settings.settings('synthetic', algorithm='fedrecon', preset='auto')
     assert recon.server_lr == fed.server_lr  # FedRecon takes it.
     assert (recon.local_state, recon.loss_reduction) == ('reconstruct', 'mean')
+
+
+def test_fedsam_is_the_round_with_local_sam_epochs_uploading_the_change():
+    settings = run_settings.settings('filmtrust', algorithm='fedsam', preset='paper')
+    # FilmTrust's own rho_sh is 0: FedSAM keeps its radius unless one is given.
+    assert (settings.update, settings.rho_sh, settings.rho_ns) == ('model_delta', 0.05, 0.0)
+    given = run_settings.settings('filmtrust', algorithm='fedsam', rho_sh=0.1, local_epochs=3)
+    assert (given.rho_sh, given.local_epochs) == (0.1, 3)
+    with pytest.raises(ValueError, match='fedsam does not take update'):
+        run_settings.settings('filmtrust', algorithm='fedsam', update='gradient')
+    split = preprocess.build_split(synthetic.generate_synthetic(
+        num_users=30, num_items=60, mean_interactions=8, seed=0), num_negatives=20)
+    weights = []
+    for algorithm, extra in (('fedsam', {}),
+                             ('fedrecgel', dict(update='model_delta', rho_sh=0.05, rho_ns=0.0))):
+        simulation = run_settings.settings(
+            'synthetic', algorithm=algorithm, preset='paper', local_epochs=2,
+            **extra).build_simulation(split)
+        simulation.initialize()
+        simulation.run_round()
+        weights.append(simulation.algorithm.global_weights)
+    for a, b in zip(*weights):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('name', list(methods.METHODS))
+def test_the_tuner_asks_only_what_a_method_takes(name):
+    import optuna  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import tuning  # pylint: disable=g-import-not-at-top
+
+    method = methods.get_method(name)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(5):
+        asked = set(tuning.suggest_settings(study.ask(), tuning.SEARCH_SPACE, name))
+        assert not method.refused(asked), asked

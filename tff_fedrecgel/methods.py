@@ -59,6 +59,8 @@ class Method:
       private: Whether DP and secure aggregation apply to it.
       exports: Whether `launch/export.py` exports it (the FedRecGEL process).
       tunable: Whether `launch/tune.py` searches its settings.
+      default_radii: `(rho_sh, rho_ns)` it uses instead of the task's when
+        none is given (None: the task's).
     """
 
     name: str
@@ -74,6 +76,7 @@ class Method:
     private: bool = True
     exports: bool = True
     tunable: bool = True
+    default_radii: tuple[float, float] | None = None
 
     def radii(self, rho_sh: float, rho_ns: float) -> tuple[float, float]:
         """The radii a run uses, given the task's (or the flags') radii.
@@ -109,6 +112,9 @@ METHODS = {m.name: m for m in (
     Method('sam_local', 'SAM on the local part only (ablation)', rho_sh=0.0),
     Method('fedmf', 'the GMF-only model without SAM (the FedMF baseline)',
            rho_sh=0.0, rho_ns=0.0, gmf_only=True),
+    Method('fedsam', 'FedSAM: local epochs of SAM steps on the shared part, uploading '
+           'its change (radius 0.05 unless given; the user embedding by plain Adam)',
+           fixes={'update': 'model_delta'}, default_radii=(0.05, 0.0)),
     Method('fedrecon', 'TFF\'s Federated Reconstruction (build_fed_recon) on the same '
            'NeuMF: no user state, embeddings rebuilt every round',
            rho_sh=0.0, rho_ns=0.0, algorithm=FEDRECON,

@@ -444,6 +444,8 @@ def settings(task: str, *, algorithm: str = methods.FEDRECGEL,
     explicit = {'client_fraction': client_fraction, 'total_rounds': total_rounds,
                 'rho_sh': rho_sh, 'rho_ns': rho_ns}
     fallback = _task_defaults(spec)
+    if method.default_radii is not None:
+        fallback.update(rho_sh=method.default_radii[0], rho_ns=method.default_radii[1])
     chosen = {name: (value if value is not None else from_preset.get(name, fallback[name]))
               for name, value in explicit.items()}
     radii = method.radii(chosen['rho_sh'], chosen['rho_ns'])

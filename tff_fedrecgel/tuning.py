@@ -114,11 +114,14 @@ def suggest_settings(trial: optuna.Trial, space: Sequence[Dimension],
     has_sam = method.rho_sh is None or method.rho_ns is None
     values: dict[str, Any] = {}
     for dim in space:
+        if method.refused([dim.name]):
+            continue  # The method does not take it, or fixes it.
         if dim.needs_sam and not has_sam:
             continue
         if dim.needs_sam and getattr(method, dim.name) is not None:
             continue  # This method fixes this radius.
-        if dim.needs_model_delta and values.get('update', 'gradient') != 'model_delta':
+        update = values.get('update', method.fixes.get('update', 'gradient'))
+        if dim.needs_model_delta and update != 'model_delta':
             continue
         values[dim.name] = dim.suggest(trial)
     return values
