@@ -55,8 +55,8 @@ class ServerState(NamedTuple):
       distributor_state: The distributor's state (empty: a broadcast).
       client_work_state: The client work process's state (empty).
 
-    The finalizer's state is `optimizer_state`. The empty states come last,
-    so the state of a round saved before they existed still loads.
+    The finalizer's state is `optimizer_state`. Checkpoints hold
+    `stored()`, without the two empty states.
     """
 
     global_weights: Any
@@ -67,6 +67,20 @@ class ServerState(NamedTuple):
     client_work_state: Any = ()
 
     __getitem__ = client_update_lib.item_or_field
+
+    def stored(self) -> 'StoredServerState':
+        """The states with content, as checkpoints hold them."""
+        return StoredServerState(self.global_weights, self.optimizer_state,
+                                 self.aggregator_state, self.round_num)
+
+
+# What a checkpoint holds of a `ServerState`. Its type name and fields are
+# those of the server state before the distributor's and the client work's
+# (empty) states joined it, so checkpoints of every version load alike
+# (`tf.nest` matches named tuples by name and fields); `ServerState(*stored)`
+# restores the whole state.
+StoredServerState = collections.namedtuple(
+    'ServerState', ['global_weights', 'optimizer_state', 'aggregator_state', 'round_num'])
 
 
 def build_server_optimizer(learning_rate: float = algorithm_config.SERVER.learning_rate,

@@ -152,14 +152,13 @@ class FedRecGEL:
         return self.client_states.local_tables() if self.work.persistent else None
 
     def get_state(self) -> collections.OrderedDict:
-        state = collections.OrderedDict(server_state=self.server_state)
+        state = collections.OrderedDict(server_state=self.server_state.stored())
         if self.work.persistent:
             state['client_states'] = self.client_states.state
         return state
 
     def restore(self, state) -> None:
-        self.server_state = fedrecgel.ServerState(*state['server_state']) if not isinstance(
-            state['server_state'], fedrecgel.ServerState) else state['server_state']
+        self.server_state = fedrecgel.ServerState(*state['server_state'])
         if self.work.persistent:
             self.client_states = ClientStateTable(state['client_states'])
 
