@@ -129,15 +129,17 @@ class Split:
                 len(self.valid_items)),
         }
 
-    def candidates(self,
-                   which: Literal['test', 'valid'] = 'test') -> np.ndarray:
+    def candidates(self, which: Literal['test', 'valid'] = 'test',
+                   users: np.ndarray | None = None) -> np.ndarray:
         """Evaluation candidates: the held-out item, then its negatives.
 
         Args:
           which: ``'test'`` or ``'valid'``.
+          users: Only these users' rows, in this order (None: every user).
 
         Returns:
-          int32 [num_users, 1 + K]; column 0 is the held-out item.
+          int32 [num_users (or len(users)), 1 + K]; column 0 is the held-out
+          item.
 
         Raises:
           ValueError: For an unknown ``which`` or ``'valid'`` without
@@ -151,6 +153,8 @@ class Split:
             items, negatives = self.valid_items, self.valid_negatives
         else:
             raise ValueError(f"which must be 'test' or 'valid', got {which!r}")
+        if users is not None:
+            items, negatives = items[users], negatives[users]
         return np.concatenate([items[:, None], negatives], axis=1).astype(
             np.int32)
 
