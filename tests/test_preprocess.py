@@ -395,3 +395,20 @@ def test_smallest_keys_matches_a_full_sort(inflate):
     expected = np.argsort(keys, axis=1)[:, :99]
     np.testing.assert_array_equal(
         preprocess.smallest_keys(keys, 99, available * inflate), expected)
+
+
+@pytest.mark.parametrize('wide', [False, True])  # True: keys too wide to pack.
+def test_leave_one_out_ranks_match_a_lexsort_with_ties(wide):
+    rng = np.random.default_rng(4)
+    n = 3000
+    users = rng.integers(0, 40, n)
+    timestamps = rng.integers(0, 30, n)
+    tie_keys = rng.integers(0, 5, n) * (2**50 if wide else 1)
+    order = np.lexsort((np.arange(n), tie_keys, -timestamps, users))
+    expected = np.empty(n, np.int64)
+    sorted_users = users[order]
+    for u in np.unique(users):
+        rows = order[sorted_users == u]
+        expected[rows] = np.arange(1, len(rows) + 1)
+    np.testing.assert_array_equal(
+        preprocess.leave_one_out_ranks(users, timestamps, tie_keys), expected)

@@ -288,8 +288,7 @@ def leave_one_out_ranks(users: np.ndarray, timestamps: np.ndarray,
     user_codes, _ = pd.factorize(users, sort=False)
     # Descending timestamp without negation (exact for any numeric dtype).
     time_rank = np.unique(timestamps, return_inverse=True)[1].reshape(-1)
-    # lexsort is stable: equal (user, time, tie key) rows keep row order.
-    order = np.lexsort((tie_keys, -time_rank, user_codes))
+    order = _sort_rows(user_codes, time_rank, tie_keys)
     del time_rank
     sorted_users = user_codes[order]
     starts = np.flatnonzero(np.r_[True, sorted_users[1:] != sorted_users[:-1]])
@@ -298,6 +297,25 @@ def leave_one_out_ranks(users: np.ndarray, timestamps: np.ndarray,
     ranks = np.empty(num_rows, dtype=np.int64)
     ranks[order] = np.arange(num_rows) - np.repeat(starts, sizes) + 1
     return ranks
+
+
+def _sort_rows(user_codes: np.ndarray, time_rank: np.ndarray,
+               tie_keys: np.ndarray) -> np.ndarray:
+    """Rows by user, latest time first, then tie key, then row (stable).
+
+    When the three fit in 63 bits together they are packed into one int64
+    key and sorted once (a few times faster than `np.lexsort`'s pass per
+    key); the order is the same.
+    """
+    bits = [max(1, int(np.max(a, initial=0)).bit_length()) if len(a) else 1
+            for a in (user_codes, time_rank, tie_keys)]
+    if min(np.min(tie_keys, initial=0), 0) < 0 or sum(bits) > 63:
+        return np.lexsort((tie_keys, -time_rank, user_codes))
+    latest_first = int(np.max(time_rank, initial=0)) - time_rank.astype(np.int64)
+    key = user_codes.astype(np.int64) << (bits[1] + bits[2])
+    key |= latest_first << bits[2]
+    key |= tie_keys.astype(np.int64)
+    return np.argsort(key, kind='stable')
 
 
 def sample_heldout_negatives(interacted_users: np.ndarray,
