@@ -13,7 +13,10 @@ memory is its own: `generate` (the synthetic log, saved as raw columns),
 filter, re-index, leave-one-out, sampled negatives; then the cache written
 as in `Task.prepare`) and `reload` (`split_io.read_split` of that cache,
 every file's SHA-1 checked, every array read). It prints one line per phase
-and a JSON object with the seconds and peak resident memory (VmHWM) of each.
+and a JSON object with the seconds, peak resident memory (VmHWM) and CPU
+seconds of each (the CPU time of the whole process, loading included: on a
+shared machine it moves less than the wall time; the 1-minute load average
+at the end of the phase says how shared it was).
 The files go to a temporary folder under --work_dir, removed at the end.
 
 `--mode=eval_error` trains `--rounds` FedRecGEL rounds on a synthetic
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -143,7 +147,9 @@ def _prep() -> int:
         for phase in ('generate', 'prepare', 'reload'):
             figures[phase] = _run_phase(phase, folder)
             line = figures[phase]
-            print(f'{phase}: {line["seconds"]:.1f} s, peak {line["peak_rss_mb"]:.0f} MB'
+            print(f'{phase}: {line["seconds"]:.1f} s ({line["cpu_seconds"]:.1f} s of CPU in '
+                  f'the whole process, load {line["load_average"]:.1f}), peak '
+                  f'{line["peak_rss_mb"]:.0f} MB'
                   + (f', {line["rows"]:,} rows' if 'rows' in line else '')
                   + (f' (split {line["split_seconds"]:.1f} s, cache write '
                      f'{line["write_seconds"]:.1f} s, {line["cache_mb"]:.0f} MB)'
@@ -213,7 +219,10 @@ def main(argv: list[str]) -> int:
     if _PHASE.value:
         run = {'generate': _generate, 'prepare': _prepare, 'reload': _reload}[_PHASE.value]
         out = run(_FOLDER.value)
-        print(json.dumps({**out, 'peak_rss_mb': _peak_rss_mb()}), flush=True)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        print(json.dumps({**out, 'peak_rss_mb': _peak_rss_mb(),
+                          'cpu_seconds': usage.ru_utime + usage.ru_stime,
+                          'load_average': os.getloadavg()[0]}), flush=True)
         return 0
     return _prep() if _MODE.value == 'prep' else _eval_error()
 
