@@ -127,3 +127,21 @@ def test_train_reports_a_sample_with_standard_errors(tmp_path):
     assert 'hr@10_se' in summary['final']
     hparams = json.loads((tmp_path / 'sample' / 'hparams.json').read_text())
     assert hparams['eval_users'] == 20
+
+
+def test_users_without_stored_state_rebuild_only_the_sample(split):
+    everyone = simulation.build_simulation(split=split, method='fedrecon', work=WORK,
+                                           clients_per_round=10, seed=0)
+    sampled = simulation.build_simulation(split=split, method='fedrecon', work=WORK,
+                                          clients_per_round=10, seed=0, eval_users=25)
+    for sim in (everyone, sampled):
+        sim.initialize()
+        sim.run_round()
+    users, positions = sampled.evaluated_users()
+    rebuilt = [t[positions] for t in everyone.local_tables()]
+    expected = evaluation.evaluate_users(
+        everyone.algorithm.model_config, everyone.global_weights, rebuilt,
+        split.candidates('test', users), sample_of=80)
+    got = sampled.evaluate('test')
+    assert got == pytest.approx(dict(expected), rel=1e-4, abs=1e-6)
+    assert len(sampled._rebuilt['train_sample'][1][0]) == 25
