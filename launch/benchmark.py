@@ -81,6 +81,9 @@ _RHO_NS = flags.DEFINE_float('rho_ns', None, 'Default: the task\'s.')
 _MAX_GROUP_EXAMPLES = flags.DEFINE_integer(
     'max_group_examples', 16384, 'vectorized: padded examples per TFF client.')
 _EVAL = flags.DEFINE_bool('eval', True, 'Also time the evaluation of all users.')
+_EVAL_USERS = flags.DEFINE_integer(
+    'eval_users', None, 'sampled: evaluate a fixed sample of this many users '
+    '(as launch/train.py --eval_users) instead of all of them.', lower_bound=1)
 _EVAL_PROTOCOL = flags.DEFINE_enum(
     'eval_protocol', 'sampled', ['sampled', 'full'],
     'sampled: time training rounds and the sampled (100-candidate) '
@@ -171,7 +174,7 @@ def _measure(split, work, clients: int) -> dict:
     simulation = build_simulation(
         split=split, method='fedrecgel', work=work, clients_per_round=clients, seed=0,
         users_per_client=None if _SIMULATION.value == 'vectorized' else 1,
-        max_group_examples=_MAX_GROUP_EXAMPLES.value)
+        max_group_examples=_MAX_GROUP_EXAMPLES.value, eval_users=_EVAL_USERS.value)
     simulation.initialize()
     build_seconds = time.perf_counter() - start
 
@@ -205,12 +208,15 @@ def _measure(split, work, clients: int) -> dict:
         'train_seconds_per_round': round(train_s, 4),
         'train_ms_per_client': round(1000 * train_s / clients, 3),
         'eval_seconds': round(eval_s, 4),
+        'eval_users': len(simulation.evaluated_users()[0]),
         'peak_rss_mb': round(runtime.peak_rss_mb(), 1),
         'build_seconds': round(build_seconds, 2),
         'warmup_seconds': round(warmup_seconds, 2),
     }
     if metrics:
         result['hr@10_after'] = round(metrics['hr@10'], 4)
+        if 'hr@10_se' in metrics:
+            result['hr@10_after_se'] = round(metrics['hr@10_se'], 4)
     return result
 
 

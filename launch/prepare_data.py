@@ -10,8 +10,10 @@ Examples (from the repository root)::
         --csv_sep=tab --csv_user_col=uid --csv_item_col=iid \
         --csv_timestamp_col=ts --output_dir=/tmp/mine
 
-Writes train.csv, test.csv (valid.csv with --validation) and meta.json to
---output_dir, prints a short summary, and prints one JSON object with the
+Writes the split's arrays (.npy), users.csv, items.csv, the text copies
+train.csv, test.csv (valid.csv with --validation; --nowrite_csv leaves them
+out, which saves most of the time at tens of millions of rows) and meta.json
+to --output_dir, prints a short summary, and prints one JSON object with the
 statistics as its last line. A second run with the same inputs reuses the
 files. Does not import TensorFlow.
 """
@@ -45,6 +47,9 @@ _TASK = flags.DEFINE_string(
     'task', None, f'Dataset task: one of {", ".join(tasks.TASK_NAMES)}.')
 _OUTPUT_DIR = flags.DEFINE_string(
     'output_dir', None, 'Folder for the split files (created if missing).')
+_WRITE_CSV = flags.DEFINE_boolean(
+    'write_csv', True, 'Also write text copies of the split (train.csv, '
+    'test.csv, valid.csv) next to its .npy arrays.')
 
 
 def _summary_lines(name: str, stats: dict[str, int], output_dir: str,
@@ -79,7 +84,8 @@ def main(argv: list[str]) -> int:
 
     start = time.perf_counter()
     prepared = task.prepare(data_dir=data_dir, validation=_data_flags.VALIDATION.value,
-                            cache_dir=output_dir, **options)
+                            cache_dir=output_dir, write_csv=_WRITE_CSV.value,
+                            **options)
     seconds = time.perf_counter() - start
     stats = prepared.split.summary()
     for line in _summary_lines(task.name, stats, output_dir, prepared.cached,

@@ -214,7 +214,7 @@ class Task:
 
     def prepare(self, *, data_dir: PathLike | None = None,
                 validation: bool = False, cache_dir: PathLike | None = None,
-                **options: Any) -> PreparedSplit:
+                write_csv: bool = False, **options: Any) -> PreparedSplit:
         """Loads, preprocesses and (with ``cache_dir``) caches the split.
 
         Args:
@@ -222,6 +222,8 @@ class Task:
           validation: Also hold out each user's second-latest interaction.
           cache_dir: Folder for the split files; reused when the raw input,
             options and format are unchanged.
+          write_csv: Also write text copies of the split (train.csv,
+            test.csv, valid.csv) to ``cache_dir``.
           **options: Reader options.
 
         Returns:
@@ -236,7 +238,8 @@ class Task:
         key = self.cache_key(data_dir, validation=validation, **options)
         split, cached = split_io.load_or_compute(
             cache_dir, key=key,
-            compute=lambda: self._compute(data_dir, validation, options))
+            compute=lambda: self._compute(data_dir, validation, options),
+            csv=write_csv)
         return PreparedSplit(split, cached=cached,
                              cache_dir=os.fspath(cache_dir))
 

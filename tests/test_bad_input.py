@@ -43,6 +43,7 @@ _INT_RANGES = {
     'total_rounds': ['0', '-1', '1000001'],
     'rounds_per_eval': ['0', '-5', str(2**31)],
     'rounds_per_full_eval': ['0', str(2**31)],
+    'eval_users': ['0', '-3', str(2**31)],
     'clients_per_round': ['0', '-1', '61', str(2**31)],
     'reconstruction_steps': ['0', '-1', '10001', str(2**31)],
     'local_epochs': ['0', '-1', '1001', '2147483648'],

@@ -61,8 +61,10 @@ def test_filmtrust_statistics_and_cache(tmp_path):
         'train_interactions': 33662, 'test_users': 1227}
     assert first['cached'] is False and first['valid_users'] == 0
     assert first['output_dir'] == str(out)
-    assert sorted(os.listdir(out)) == ['items.csv', 'meta.json', 'test.csv',
-                                       'train.csv', 'users.csv']
+    assert sorted(os.listdir(out)) == [
+        'items.csv', 'meta.json', 'test.csv', 'test_items.npy',
+        'test_negatives.npy', 'train.csv', 'train_items.npy',
+        'train_users.npy', 'users.csv']
     second = _last_json(_run('--task=filmtrust',
                              f'--data_dir={FILMTRUST_DIR}',
                              f'--output_dir={out}', module=True))

@@ -265,14 +265,35 @@ def test_split_rejects_inconsistent_arrays():
 @pytest.mark.parametrize('validation', [False, True])
 def test_write_read_round_trip(tmp_path, validation):
     split = _build(_random_frame(), validation=validation)
-    split_io.write_split(split, tmp_path, key={'dataset': 'x'})
+    split_io.write_split(split, tmp_path, key={'dataset': 'x'}, csv=True)
     back, meta = split_io.read_split(tmp_path)
     assert back == split
+    assert isinstance(back.train_users, np.memmap)
+    back.train_users[0] += 1  # Copy-on-write: the file stays as it was.
+    assert split_io.read_split(tmp_path)[0] == split
     assert meta['statistics'] == split.summary()
+    assert (tmp_path / 'valid_negatives.npy').exists() == validation
     header = (tmp_path / 'test.csv').read_text().splitlines()[0].split(',')
     assert header[:3] == ['user', 'item', 'neg_1'] and header[-1] == 'neg_99'
     assert (tmp_path / 'train.csv').read_text().startswith('user,item\n')
     assert (tmp_path / 'valid.csv').exists() == validation
+    train = pd.read_csv(tmp_path / 'train.csv').to_numpy()
+    np.testing.assert_array_equal(train[:, 0], split.train_users)
+    np.testing.assert_array_equal(train[:, 1], split.train_items)
+
+
+def test_the_text_copies_are_optional(tmp_path):
+    split = _build(_random_frame())
+    split_io.write_split(split, tmp_path, key={'a': 1}, csv=True)
+    split_io.write_split(split, tmp_path, key={'a': 1})
+    assert not (tmp_path / 'train.csv').exists()  # Stale copy removed.
+    assert split_io.read_split(tmp_path)[0] == split
+    # A cache without them gets them when asked, without recomputing.
+    again, cached = split_io.load_or_compute(
+        tmp_path, key={'a': 1}, compute=lambda: 1 / 0, csv=True)
+    assert cached and again == split
+    assert (tmp_path / 'test.csv').exists()
+    assert split_io.read_split(tmp_path)[0] == split
 
 
 def _cached(tmp_path, frame, key, validation=False):
@@ -282,7 +303,8 @@ def _cached(tmp_path, frame, key, validation=False):
         calls.append(1)
         return _build(frame, validation=validation)
 
-    split, cached = split_io.load_or_compute(tmp_path, key=key, compute=compute)
+    split, cached = split_io.load_or_compute(tmp_path, key=key, compute=compute,
+                                             csv=True)
     return split, cached, len(calls)
 
 
@@ -300,21 +322,30 @@ def test_cache_recomputes_for_another_key(tmp_path):
     _cached(tmp_path, frame, {'a': 1}, validation=True)
     split, cached, _ = _cached(tmp_path, frame, {'a': 2})
     assert not cached
-    assert not (tmp_path / 'valid.csv').exists()  # Stale file removed.
+    assert not (tmp_path / 'valid.csv').exists()  # Stale files removed.
+    assert not (tmp_path / 'valid_items.npy').exists()
     assert split_io.read_split(tmp_path)[0] == split
 
 
-@pytest.mark.parametrize('damage', ['truncate', 'edit', 'delete', 'meta'])
+@pytest.mark.parametrize('damage', ['truncate', 'edit', 'edit_text', 'delete',
+                                    'delete_array', 'meta'])
 def test_cache_recomputes_damaged_files(tmp_path, damage):
     frame = _random_frame()
     split, _, _ = _cached(tmp_path, frame, {'a': 1})
-    train = tmp_path / 'train.csv'
+    train = tmp_path / 'train_items.npy'
     if damage == 'truncate':
-        train.write_bytes(train.read_bytes()[:50])
+        train.write_bytes(train.read_bytes()[:150])
     elif damage == 'edit':
-        train.write_text(train.read_text().replace('\n1,', '\n2,', 1))
+        data = bytearray(train.read_bytes())
+        data[-1] ^= 1
+        train.write_bytes(bytes(data))
+    elif damage == 'edit_text':
+        text = tmp_path / 'train.csv'
+        text.write_text(text.read_text().replace('\n1,', '\n2,', 1))
     elif damage == 'delete':
         os.remove(tmp_path / 'test.csv')
+    elif damage == 'delete_array':
+        os.remove(tmp_path / 'test_negatives.npy')
     else:
         (tmp_path / 'meta.json').write_text('{"format_version": 1, "key"')
     with pytest.raises(DataError):
@@ -394,3 +425,20 @@ def test_the_filters_report_what_they_dropped(tmp_path):
     plain = task.load_split(data_dir=path)
     assert plain.filter_line() == ('filters: kept 18 of 21 users and 192 of 200 rows; '
                                    'dropped 3 users with fewer than 5 rows (8 rows)')
+
+
+@pytest.mark.parametrize('wide', [False, True])  # True: keys too wide to pack.
+def test_leave_one_out_ranks_match_a_lexsort_with_ties(wide):
+    rng = np.random.default_rng(4)
+    n = 3000
+    users = rng.integers(0, 40, n)
+    timestamps = rng.integers(0, 30, n)
+    tie_keys = rng.integers(0, 5, n) * (2**50 if wide else 1)
+    order = np.lexsort((np.arange(n), tie_keys, -timestamps, users))
+    expected = np.empty(n, np.int64)
+    sorted_users = users[order]
+    for u in np.unique(users):
+        rows = order[sorted_users == u]
+        expected[rows] = np.arange(1, len(rows) + 1)
+    np.testing.assert_array_equal(
+        preprocess.leave_one_out_ranks(users, timestamps, tie_keys), expected)

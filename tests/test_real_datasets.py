@@ -136,7 +136,8 @@ def test_filmtrust_cohort_batches_are_fast():
 
 def test_cached_split_files_round_trip(tmp_path):
     task = tasks.get_task('filmtrust')
-    first = task.prepare(data_dir=_data_dir('filmtrust'), cache_dir=tmp_path)
+    first = task.prepare(data_dir=_data_dir('filmtrust'), cache_dir=tmp_path,
+                         write_csv=True)
     second = task.prepare(data_dir=_data_dir('filmtrust'), cache_dir=tmp_path)
     assert (first.cached, second.cached) == (False, True)
     assert first.split == second.split == _split('filmtrust')

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_fedrecgel import eval_sample
 from tff_fedrecgel import ranking
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.algorithms import local_training
@@ -79,6 +80,7 @@ def evaluate_users(
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
     top_ks: Sequence[int] = ranking.TOP_KS,
+    sample_of: int | None = None,
 ) -> collections.OrderedDict[str, float]:
     """Mean ranking metrics of all users, scored in batches of users.
 
@@ -91,10 +93,13 @@ def evaluate_users(
         item.
       batch_size: Users scored per call (bounds memory).
       top_ks: Cut-offs K.
+      sample_of: The users are a random sample of a population of this many
+        (`eval_sample`): standard errors are added; None: no errors.
 
     Returns:
       OrderedDict of Python floats, the means over users (keys as in
-      `ranking.metric_names`).
+      `ranking.metric_names`), then with `sample_of` each one's standard
+      error (`<key>_se`).
 
     Raises:
       ValueError: On inconsistent shapes or a non-positive batch size.
@@ -110,16 +115,25 @@ def evaluate_users(
     weights = neumf.global_tensors(model_config, global_weights)
     score = _batch_scorer(model_config, ranking.check_top_ks(top_ks))
     totals = collections.OrderedDict((k, 0.0) for k in ranking.metric_names(top_ks))
+    squares = dict.fromkeys(totals, 0.0)
     for start in range(0, num_users, batch_size):
         end = min(start + batch_size, num_users)
         batch = score(weights, [t[start:end] for t in tables], candidates[start:end])
         for key, values in batch.items():
-            totals[key] += float(np.sum(values.numpy(), dtype=np.float64))
-    return collections.OrderedDict((k, v / num_users) for k, v in totals.items())
+            values = values.numpy()
+            totals[key] += float(np.sum(values, dtype=np.float64))
+            if sample_of is not None:
+                squares[key] += float(np.sum(np.square(values, dtype=np.float64)))
+    means = collections.OrderedDict((k, v / num_users) for k, v in totals.items())
+    if sample_of is None:
+        return means
+    return eval_sample.add_standard_errors(
+        means, {k: v / num_users for k, v in squares.items()}, num_users, sample_of)
 
 
 def evaluate_item_scores(item_scores: np.ndarray, candidates: np.ndarray, *,
-                         top_ks: Sequence[int] = ranking.TOP_KS
+                         top_ks: Sequence[int] = ranking.TOP_KS,
+                         sample_of: int | None = None,
                          ) -> collections.OrderedDict[str, float]:
     """Mean HR@K / NDCG@K of ranking every user's candidates by item scores.
 
@@ -131,9 +145,11 @@ def evaluate_item_scores(item_scores: np.ndarray, candidates: np.ndarray, *,
       candidates: int `[num_users, num_candidates]`; column 0 is the held-out
         item.
       top_ks: Cut-offs K.
+      sample_of: As for `evaluate_users`.
 
     Returns:
-      OrderedDict of Python floats, keys as `ranking.metric_names(top_ks)`.
+      OrderedDict of Python floats, keys as `ranking.metric_names(top_ks)`
+      (and their `_se` with `sample_of`).
 
     Raises:
       ValueError: On a candidate outside the scores or bad shapes.
@@ -145,8 +161,7 @@ def evaluate_item_scores(item_scores: np.ndarray, candidates: np.ndarray, *,
     if candidates.size and (candidates.min() < 0 or candidates.max() >= len(scores)):
         raise ValueError('candidates hold item ids outside the scores')
     per_user = ranking.ranking_metrics(scores[candidates], top_ks=top_ks)
-    return collections.OrderedDict(
-        (k, float(np.mean(v.numpy(), dtype=np.float64))) for k, v in per_user.items())
+    return eval_sample.summarize({k: v.numpy() for k, v in per_user.items()}, sample_of)
 
 
 def _client_metrics(model_config, global_weights, local_weights, candidates, top_ks):

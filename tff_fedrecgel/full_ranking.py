@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_fedrecgel import eval_sample
 from tff_fedrecgel import ranking
 from tff_fedrecgel.models import neumf
 
@@ -270,6 +271,7 @@ def evaluate_full(
     top_ks: Sequence[int] = ranking.TOP_KS,
     users_per_call: int = DEFAULT_USERS_PER_CALL,
     item_block: int = DEFAULT_ITEM_BLOCK,
+    sample_of: int | None = None,
 ) -> collections.OrderedDict[str, float]:
     """Mean full-ranking metrics of all users.
 
@@ -286,10 +288,12 @@ def evaluate_full(
       users_per_call: Users per compiled call (bounds memory to a few
         `users_per_call * num_items` arrays).
       item_block: Items per matrix product inside the scorer.
+      sample_of: The users are a random sample of a population of this many
+        (`eval_sample`): standard errors are added; None: no errors.
 
     Returns:
       OrderedDict of Python floats, the means over users (keys as
-      `metric_names(top_ks)`).
+      `metric_names(top_ks)`), then with `sample_of` their `_se`.
 
     Raises:
       ValueError: On inconsistent shapes, out-of-range items or non-positive
@@ -300,14 +304,13 @@ def evaluate_full(
         model_config, global_weights, local_tables, heldout_items, train_csr,
         users_per_call=users_per_call, item_block=item_block)
     metrics = ranking.metrics_from_ranks(ranks, top_ks=top_ks, mrr=True)
-    return collections.OrderedDict(
-        (k, float(np.mean(v.numpy(), dtype=np.float64))) for k, v in metrics.items()
-    )
+    return eval_sample.summarize({k: v.numpy() for k, v in metrics.items()}, sample_of)
 
 
 def evaluate_item_scores(item_scores: np.ndarray, heldout_items: np.ndarray,
                          train_csr: tuple[np.ndarray, np.ndarray], *,
-                         top_ks: Sequence[int] = ranking.TOP_KS
+                         top_ks: Sequence[int] = ranking.TOP_KS,
+                         sample_of: int | None = None,
                          ) -> collections.OrderedDict[str, float]:
     """Full-ranking metrics of a model with one score per item (popularity).
 
@@ -320,9 +323,11 @@ def evaluate_item_scores(item_scores: np.ndarray, heldout_items: np.ndarray,
       heldout_items: int `[num_users]` targets.
       train_csr: `(indptr, items)` of the users' training items.
       top_ks: Cut-offs K.
+      sample_of: As for `evaluate_full`.
 
     Returns:
-      OrderedDict of Python floats, the means over users (`metric_names`).
+      OrderedDict of Python floats, the means over users (`metric_names`),
+      then with `sample_of` their `_se`.
     """
     scores = np.asarray(item_scores, np.float64)
     scores = np.where(np.isnan(scores), -np.inf, scores)
@@ -340,8 +345,7 @@ def evaluate_item_scores(item_scores: np.ndarray, heldout_items: np.ndarray,
     excluded = np.bincount(pairs[beaten, 0], minlength=len(targets))
     ranks = at_least - 1 - excluded  # Less the target itself.
     metrics = ranking.metrics_from_ranks(ranks.astype(np.int64), top_ks=top_ks, mrr=True)
-    return collections.OrderedDict(
-        (k, float(np.mean(v.numpy(), dtype=np.float64))) for k, v in metrics.items())
+    return eval_sample.summarize({k: v.numpy() for k, v in metrics.items()}, sample_of)
 
 
 def client_data_spec() -> collections.OrderedDict:

@@ -48,7 +48,8 @@ MAX_RECONSTRUCTION_STEPS = 10_000
 _RANGES = {
     'total_rounds': (1, True, MAX_ROUNDS),
     **dict.fromkeys(('rounds_per_eval', 'rounds_per_full_eval', 'clients_per_round',
-                     'max_group_examples', 'early_stopping_patience'), (1, True, INT32_MAX)),
+                     'max_group_examples', 'early_stopping_patience', 'eval_users'),
+                    (1, True, INT32_MAX)),
     'local_epochs': (1, True, MAX_LOCAL_EPOCHS),
     'reconstruction_steps': (1, True, MAX_RECONSTRUCTION_STEPS),
     **dict.fromkeys(('rounds_per_checkpoint', 'num_negatives'), (0, True, INT32_MAX)),
@@ -186,6 +187,9 @@ class Settings:
       update: 'gradient' or 'model_delta' (then `local_epochs`, `client_lr`).
       client_weighting: 'uniform' or 'num_examples'.
       eval_protocol: 'sampled', 'full' or 'both'.
+      eval_users: Evaluate a fixed random sample of this many users (the
+        same every round, method and seed) and report standard errors;
+        None: every user (`eval_sample`).
       rounds_per_eval, rounds_per_full_eval, rounds_per_checkpoint:
         Evaluation intervals (sampled; full ranking, None: as sampled) and
         the checkpoint interval (0: no checkpoints).
@@ -221,6 +225,7 @@ class Settings:
     client_lr: float = _WORK.client_lr
     client_weighting: str = _WORK.client_weighting
     eval_protocol: str = 'sampled'
+    eval_users: int | None = None
     rounds_per_eval: int = 1
     rounds_per_full_eval: int | None = None
     rounds_per_checkpoint: int = 10
@@ -388,7 +393,7 @@ class Settings:
             users_per_client=None if self.vectorized(one_user_per_client) else 1,
             max_group_examples=self.max_group_examples, model_aggregator=model_aggregator,
             workers=workers, sharpness_probe=self.sharpness_probe,
-            heldout_fraction=self.heldout_users)
+            heldout_fraction=self.heldout_users, eval_users=self.eval_users)
 
 
 # Settings a preset file may not set: they name the run, not its recipe.

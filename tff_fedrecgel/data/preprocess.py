@@ -19,182 +19,18 @@ Steps (docs/ALGORITHM.md, "The data protocol"):
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Literal
-
 import numpy as np
 import pandas as pd
 
 from tff_fedrecgel.data import loaders
+from tff_fedrecgel.data import negatives
+from tff_fedrecgel.data.split import Split
 from tff_fedrecgel.errors import DataError
 
 MIN_INTERACTIONS = 5
 NUM_HELDOUT_NEGATIVES = 99
 TEST_NEGATIVE_SEED = 42
 VALID_NEGATIVE_SEED = 43
-
-# Random keys are generated in blocks of rows of about this many floats
-# (32 MiB); the blocks consume one continuous stream, so the result does not
-# depend on the block size.
-_KEY_BLOCK_FLOATS = 1 << 22
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Split:
-    """A preprocessed leave-one-out split with held-out candidates.
-
-    Attributes:
-      num_users: Users after filtering; user indices are ``0..num_users-1``.
-      num_items: Item index space size; item indices are ``0..num_items-1``.
-      num_interactions: Rows after filtering (train + held-out rows).
-      train_users: int32 [R] user index of every training row (file order).
-      train_items: int32 [R] item index of every training row.
-      test_items: int32 [num_users] each user's test item.
-      test_negatives: int32 [num_users, K] each user's test negatives.
-      valid_items: int32 [num_users] validation items, or None.
-      valid_negatives: int32 [num_users, K] validation negatives, or None.
-      user_ids: [num_users] the original id of every user index (int64, or
-        str objects), or None when unknown.
-      item_ids: The original id of every item index (int64, or str objects),
-        or None when unknown. It may be shorter than ``num_items`` when the
-        item count is fixed (Amazon-Video): the indices past its end were
-        never seen in the data and have no original id.
-      filtered: What the filters dropped (`filter_line` says it in words), or
-        None when unknown: ``users_read``, ``rows_read`` (the raw input),
-        ``min_rating`` with ``rating_users`` / ``rating_rows`` (the reader's
-        rating threshold: users left with no row, rows below it), and
-        ``min_interactions`` with ``few_users`` / ``few_rows`` (users with
-        fewer rows, and their rows).
-    """
-
-    num_users: int
-    num_items: int
-    num_interactions: int
-    train_users: np.ndarray
-    train_items: np.ndarray
-    test_items: np.ndarray
-    test_negatives: np.ndarray
-    valid_items: np.ndarray | None = None
-    valid_negatives: np.ndarray | None = None
-    user_ids: np.ndarray | None = None
-    item_ids: np.ndarray | None = None
-    filtered: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        # Fail early on inconsistent arrays (e.g. a hand-built or cached split).
-        u, i = self.num_users, self.num_items
-        if self.train_users.shape != self.train_items.shape:
-            raise DataError('split: train_users and train_items differ in size')
-        if self.test_items.shape != (u,) or self.test_negatives.ndim != 2 or (
-                self.test_negatives.shape[0] != u):
-            raise DataError('split: test arrays do not have one row per user')
-        if (self.valid_items is None) != (self.valid_negatives is None):
-            raise DataError(
-                'split: valid_items and valid_negatives go together')
-        held_out = 1 if self.valid_items is None else 2
-        if self.num_interactions != len(self.train_users) + held_out * u:
-            raise DataError('split: row counts do not add up')
-        for name in ('train_users', 'train_items', 'test_items',
-                     'test_negatives', 'valid_items', 'valid_negatives'):
-            array = getattr(self, name)
-            if array is None:
-                continue
-            if array.dtype != np.int32:
-                raise DataError(f'split: {name} must be int32')
-            bound = u if name == 'train_users' else i
-            if array.size and (array.min() < 0 or array.max() >= bound):
-                raise DataError(f'split: {name} out of range')
-        for name, limit in (('user_ids', u), ('item_ids', i)):
-            ids = getattr(self, name)
-            if ids is None:
-                continue
-            if ids.ndim != 1 or ids.dtype not in (np.int64, object):
-                raise DataError(f'split: {name} must be int64 or str [n]')
-            if len(ids) > limit or (name == 'user_ids' and len(ids) != u):
-                raise DataError(f'split: {name} has {len(ids)} entries for '
-                                f'{limit} indices')
-
-    @property
-    def has_validation(self) -> bool:
-        """Whether a validation item was held out for every user."""
-        return self.valid_items is not None
-
-    @property
-    def num_train_interactions(self) -> int:
-        """Training rows (duplicates counted)."""
-        return int(len(self.train_users))
-
-    def filter_line(self) -> str | None:
-        """One line on what the filters dropped, or None when unknown."""
-        f = self.filtered
-        if not f:
-            return None
-        kept_users = f['users_read'] - f['rating_users'] - f['few_users']
-        kept_rows = f['rows_read'] - f['rating_rows'] - f['few_rows']
-        parts = []
-        if f.get('min_rating') is not None:  # The reader's filter comes first.
-            parts.append(f"{f['rating_rows']:,} rows rated below {f['min_rating']:g} "
-                         f"({f['rating_users']:,} users left with none)")
-        parts.append(f"{f['few_users']:,} users with fewer than {f['min_interactions']} "
-                     f"rows ({f['few_rows']:,} rows)")
-        return (f"filters: kept {kept_users:,} of {f['users_read']:,} users and "
-                f"{kept_rows:,} of {f['rows_read']:,} rows; dropped " + ', then '.join(parts))
-
-    def summary(self) -> dict[str, int]:
-        """Statistics of the split.
-
-        Returns:
-          ``users``, ``items``, ``interactions``, ``train_interactions``,
-          ``test_users`` and ``valid_users`` (0 without validation).
-        """
-        return {
-            'users': int(self.num_users),
-            'items': int(self.num_items),
-            'interactions': int(self.num_interactions),
-            'train_interactions': self.num_train_interactions,
-            'test_users': int(len(self.test_items)),
-            'valid_users': 0 if self.valid_items is None else int(
-                len(self.valid_items)),
-        }
-
-    def candidates(self,
-                   which: Literal['test', 'valid'] = 'test') -> np.ndarray:
-        """Evaluation candidates: the held-out item, then its negatives.
-
-        Args:
-          which: ``'test'`` or ``'valid'``.
-
-        Returns:
-          int32 [num_users, 1 + K]; column 0 is the held-out item.
-
-        Raises:
-          ValueError: For an unknown ``which`` or ``'valid'`` without
-            validation.
-        """
-        if which == 'test':
-            items, negatives = self.test_items, self.test_negatives
-        elif which == 'valid':
-            if self.valid_items is None:
-                raise ValueError('this split has no validation hold-out')
-            items, negatives = self.valid_items, self.valid_negatives
-        else:
-            raise ValueError(f"which must be 'test' or 'valid', got {which!r}")
-        return np.concatenate([items[:, None], negatives], axis=1).astype(
-            np.int32)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Split):
-            return NotImplemented
-        for field in dataclasses.fields(self):
-            a, b = getattr(self, field.name), getattr(other, field.name)
-            if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-                if a is None or b is None or not np.array_equal(a, b):
-                    return False
-            elif a != b:
-                return False
-        return True
-
-    __hash__ = None  # Mutable-content arrays: not hashable.
 
 
 def filter_users(raw: pd.DataFrame, *,
@@ -208,8 +44,22 @@ def filter_users(raw: pd.DataFrame, *,
     Returns:
       The kept rows in their original order, with a fresh 0-based index.
     """
-    counts = raw.groupby('user', sort=False)['user'].transform('size')
-    return raw[counts.to_numpy() >= min_interactions].reset_index(drop=True)
+    keep = rows_of_active_users(raw['user'].to_numpy(), min_interactions)
+    return raw[keep].reset_index(drop=True)
+
+
+def rows_of_active_users(users: np.ndarray, min_interactions: int) -> np.ndarray:
+    """Which rows belong to users with at least ``min_interactions`` rows.
+
+    Args:
+      users: Original user id of every row.
+      min_interactions: Minimum rows per user.
+
+    Returns:
+      bool [rows].
+    """
+    codes, _ = pd.factorize(np.asarray(users), sort=False)
+    return np.bincount(codes)[codes] >= min_interactions
 
 
 def original_ids(uniques: np.ndarray) -> np.ndarray:
@@ -231,6 +81,9 @@ def reindex(values: np.ndarray, *, source: str, what: str,
             ) -> tuple[np.ndarray, np.ndarray]:
     """Maps original ids to 0..n-1 in sorted order of the ids.
 
+    The ids are hashed first and only the distinct ones sorted, which gives
+    ``numpy.unique(values, return_inverse=True)`` without sorting every row.
+
     Args:
       values: Original ids, one per row.
       source: Name used in error messages.
@@ -242,12 +95,15 @@ def reindex(values: np.ndarray, *, source: str, what: str,
     Raises:
       DataError: If the ids cannot be sorted (e.g. mixed numbers and text).
     """
+    codes, uniques = pd.factorize(np.asarray(values), sort=False)
     try:
-        uniques, codes = np.unique(np.asarray(values), return_inverse=True)
+        order = np.argsort(uniques, kind='stable')
     except TypeError:
         raise DataError(
             f'{source}: {what} ids mix types that cannot be sorted') from None
-    return codes.astype(np.int32), uniques
+    rank = np.empty(len(order), dtype=np.int32)
+    rank[order] = np.arange(len(order), dtype=np.int32)
+    return rank[codes], uniques[order]
 
 
 def first_appearance_index(values: np.ndarray) -> np.ndarray:
@@ -259,7 +115,7 @@ def first_appearance_index(values: np.ndarray) -> np.ndarray:
     Returns:
       int64 per row: 0 for the first distinct value met, 1 for the next, ...
     """
-    codes, _ = pd.factorize(pd.Series(np.asarray(values)), sort=False)
+    codes, _ = pd.factorize(np.asarray(values), sort=False)
     return codes.astype(np.int64)
 
 
@@ -289,16 +145,37 @@ def leave_one_out_ranks(users: np.ndarray, timestamps: np.ndarray,
     num_rows = len(users)
     if not len(timestamps) == len(tie_keys) == num_rows:
         raise ValueError('users, timestamps and tie_keys differ in length')
-    user_codes, _ = pd.factorize(pd.Series(users), sort=False)
+    user_codes, _ = pd.factorize(users, sort=False)
     # Descending timestamp without negation (exact for any numeric dtype).
     time_rank = np.unique(timestamps, return_inverse=True)[1].reshape(-1)
-    order = np.lexsort((np.arange(num_rows), tie_keys, -time_rank, user_codes))
+    order = _sort_rows(user_codes, time_rank, tie_keys)
+    del time_rank
     sorted_users = user_codes[order]
     starts = np.flatnonzero(np.r_[True, sorted_users[1:] != sorted_users[:-1]])
+    del sorted_users
     sizes = np.diff(np.r_[starts, num_rows])
     ranks = np.empty(num_rows, dtype=np.int64)
     ranks[order] = np.arange(num_rows) - np.repeat(starts, sizes) + 1
     return ranks
+
+
+def _sort_rows(user_codes: np.ndarray, time_rank: np.ndarray,
+               tie_keys: np.ndarray) -> np.ndarray:
+    """Rows by user, latest time first, then tie key, then row (stable).
+
+    When the three fit in 63 bits together they are packed into one int64
+    key and sorted once (a few times faster than `np.lexsort`'s pass per
+    key); the order is the same.
+    """
+    bits = [max(1, int(np.max(a, initial=0)).bit_length()) if len(a) else 1
+            for a in (user_codes, time_rank, tie_keys)]
+    if min(np.min(tie_keys, initial=0), 0) < 0 or sum(bits) > 63:
+        return np.lexsort((tie_keys, -time_rank, user_codes))
+    latest_first = int(np.max(time_rank, initial=0)) - time_rank.astype(np.int64)
+    key = user_codes.astype(np.int64) << (bits[1] + bits[2])
+    key |= latest_first << bits[2]
+    key |= tie_keys.astype(np.int64)
+    return np.argsort(key, kind='stable')
 
 
 def sample_heldout_negatives(interacted_users: np.ndarray,
@@ -306,8 +183,8 @@ def sample_heldout_negatives(interacted_users: np.ndarray,
                              num_items: int,
                              num_negatives: int = NUM_HELDOUT_NEGATIVES,
                              seed: int, source: str = 'data',
-                             block_floats: int = _KEY_BLOCK_FLOATS,
-                             ) -> np.ndarray:
+                             block_floats: int = negatives.BLOCK_FLOATS,
+                             workers: int | None = None) -> np.ndarray:
     """Samples per-user negatives without replacement (random-key method).
 
     Exact procedure: ``rng = numpy.random.default_rng(seed)``; conceptually
@@ -316,7 +193,8 @@ def sample_heldout_negatives(interacted_users: np.ndarray,
     are set to 2.0 (above every draw); the user's negatives are the
     ``num_negatives`` items with the smallest keys, in ascending key order.
     This is uniform sampling without replacement from the non-interacted
-    items, vectorized and independent of the block size.
+    items, vectorized and independent of the block size and of the threads
+    (see `tff_fedrecgel.data.negatives`).
 
     Args:
       interacted_users: User index of every interaction to exclude.
@@ -327,6 +205,7 @@ def sample_heldout_negatives(interacted_users: np.ndarray,
       seed: Seed of ``numpy.random.default_rng``.
       source: Name used in error messages.
       block_floats: Approximate floats per block of keys (memory bound).
+      workers: Threads drawing the keys (None: the usable cores, up to 4).
 
     Returns:
       int32 [num_users, num_negatives].
@@ -334,29 +213,11 @@ def sample_heldout_negatives(interacted_users: np.ndarray,
     Raises:
       DataError: If some user has fewer than ``num_negatives`` candidates.
     """
-    interacted_users = np.asarray(interacted_users, dtype=np.int64)
-    interacted_items = np.asarray(interacted_items, dtype=np.int64)
-    # Unique (user, item) codes sorted by user, so a block of users is a slice.
-    pairs = np.unique(interacted_users * num_items + interacted_items)
-    pair_users = pairs // num_items
-    available = num_items - np.bincount(pair_users, minlength=num_users)
-    if num_users and available.min() < num_negatives:
-        user = int(np.argmin(available))
-        raise DataError(
-            f'{source}: user index {user} has only {int(available[user])} '
-            f'non-interacted items, fewer than the {num_negatives} held-out '
-            'negatives needed')
-    rng = np.random.default_rng(seed)
-    result = np.empty((num_users, num_negatives), dtype=np.int32)
-    rows_per_block = max(1, block_floats // max(1, num_items))
-    for start in range(0, num_users, rows_per_block):
-        stop = min(num_users, start + rows_per_block)
-        keys = rng.random((stop - start, num_items))
-        lo, hi = np.searchsorted(pair_users, [start, stop])
-        keys[pair_users[lo:hi] - start, pairs[lo:hi] % num_items] = 2.0
-        result[start:stop] = smallest_keys(keys, num_negatives,
-                                           available[start:stop])
-    return result
+    pairs = negatives.interacted_pairs(interacted_users, interacted_items,
+                                       num_users=num_users, num_items=num_items)
+    return negatives.sample(pairs, num_negatives=num_negatives, seed=seed,
+                            source=source, block_floats=block_floats,
+                            workers=workers)
 
 
 def smallest_keys(keys: np.ndarray, k: int,
@@ -376,25 +237,9 @@ def smallest_keys(keys: np.ndarray, k: int,
     Returns:
       int32 [rows, k].
     """
-    rows = keys.shape[0]
-    result = np.empty((rows, k), dtype=np.int32)
-    if k == 0 or rows == 0:
-        return result
-    threshold = (k + 8 * np.sqrt(k) + 16) / np.maximum(available, 1)
+    threshold = negatives.hit_threshold(k, np.asarray(available))
     row_idx, col_idx = np.nonzero(keys < threshold[:, None])
-    hits = np.bincount(row_idx, minlength=rows)
-    order = np.lexsort((keys[row_idx, col_idx], row_idx))
-    row_idx, col_idx = row_idx[order], col_idx[order]
-    starts = np.concatenate([[0], np.cumsum(hits)[:-1]])
-    position = np.arange(len(row_idx)) - starts[row_idx]
-    ok = hits >= k
-    take = (position < k) & ok[row_idx]
-    result[ok] = col_idx[take].reshape(-1, k)
-    for row in np.flatnonzero(~ok):  # Rare: too few keys below the threshold.
-        part = np.argpartition(keys[row], k - 1)[:k] if k < keys.shape[1] else (
-            np.arange(keys.shape[1]))
-        result[row] = part[np.argsort(keys[row, part], kind='stable')]
-    return result
+    return negatives.smallest_from_hits(keys, k, row_idx, col_idx)
 
 
 def build_split(raw: pd.DataFrame, *, validation: bool = False,
@@ -403,7 +248,7 @@ def build_split(raw: pd.DataFrame, *, validation: bool = False,
                test_seed: int = TEST_NEGATIVE_SEED,
                valid_seed: int = VALID_NEGATIVE_SEED,
                num_items: int | None = None,
-               source: str = 'data') -> Split:
+               source: str = 'data', workers: int | None = None) -> Split:
     """Applies the FedRecGEL data protocol to raw interactions.
 
     Args:
@@ -417,6 +262,8 @@ def build_split(raw: pd.DataFrame, *, validation: bool = False,
         it must be at least the number of distinct items. None: the number
         of distinct items after filtering.
       source: Name (usually the raw file) used in error messages.
+      workers: Threads drawing the negatives (None: the usable cores, up to
+        4); the split is the same for any number.
 
     Returns:
       The split.
@@ -431,29 +278,34 @@ def build_split(raw: pd.DataFrame, *, validation: bool = False,
         raise DataError(
             f'{source}: min_interactions must be at least {needed} '
             f'(got {min_interactions})')
+    # Columns, not rows: the raw frame is read once into numpy arrays.
+    raw_items = raw['item'].to_numpy()
     # The tie rule numbers items by first appearance in the raw file.
-    with_keys = raw[list(loaders.RAW_COLUMNS)].assign(
-        tie_key=first_appearance_index(raw['item'].to_numpy()))
-    kept = filter_users(with_keys, min_interactions=min_interactions)
+    tie_keys = first_appearance_index(raw_items)
+    keep = rows_of_active_users(raw['user'].to_numpy(), min_interactions)
+    num_kept = int(np.count_nonzero(keep))
     # The reader's own threshold (csv --min_rating) dropped rows before this.
     by_rating = raw.attrs.get(loaders.RATING_FILTER_ATTR) or {}
+    users_in_raw = int(raw['user'].nunique())
     filtered = {
-        'users_read': int(raw['user'].nunique()) + by_rating.get('users', 0),
+        'users_read': users_in_raw + by_rating.get('users', 0),
         'rows_read': int(len(raw)) + by_rating.get('rows', 0),
         'min_rating': by_rating.get('min_rating'),
         'rating_users': by_rating.get('users', 0),
         'rating_rows': by_rating.get('rows', 0),
         'min_interactions': int(min_interactions),
-        'few_users': int(raw['user'].nunique() - kept['user'].nunique()),
-        'few_rows': int(len(raw) - len(kept)),
+        'few_rows': int(len(keep) - num_kept),
     }
-    if kept.empty:
+    if not num_kept:
         raise DataError(
             f'{source}: no user has at least {min_interactions} interactions')
-    users, user_ids = reindex(kept['user'].to_numpy(), source=source,
-                              what='user')
-    items, item_ids = reindex(kept['item'].to_numpy(), source=source,
-                              what='item')
+    every_row = num_kept == len(keep)
+    users, user_ids = reindex(_kept(raw['user'].to_numpy(), keep, every_row),
+                              source=source, what='user')
+    items, item_ids = reindex(_kept(raw_items, keep, every_row),
+                              source=source, what='item')
+    del raw_items
+    filtered['few_users'] = users_in_raw - len(user_ids)
     num_users = int(users.max()) + 1
     if num_items is None:
         num_items = len(item_ids)
@@ -462,28 +314,30 @@ def build_split(raw: pd.DataFrame, *, validation: bool = False,
             f'{source}: {len(item_ids)} distinct items, more than the fixed '
             f'item count {num_items}')
 
-    ranks = leave_one_out_ranks(users, kept['timestamp'].to_numpy(),
-                                kept['tie_key'].to_numpy())
-    test_rows = np.flatnonzero(ranks == 1)
-    test_items = np.empty(num_users, dtype=np.int32)
-    test_items[users[test_rows]] = items[test_rows]
-    test_negatives = sample_heldout_negatives(
-        users, items, num_users=num_users, num_items=num_items,
-        num_negatives=num_negatives, seed=test_seed, source=source)
+    ranks = leave_one_out_ranks(
+        users, _kept(raw['timestamp'].to_numpy(), keep, every_row),
+        _kept(tie_keys, keep, every_row))
+    del tie_keys, keep
+    # Held-out rows are among the interactions excluded from the negatives.
+    pairs = negatives.interacted_pairs(users, items, num_users=num_users,
+                                       num_items=num_items)
+    test_items = _held_out_items(users, items, ranks == 1, num_users)
+    test_negatives = negatives.sample(pairs, num_negatives=num_negatives,
+                                      seed=test_seed, source=source,
+                                      workers=workers)
     valid_items = valid_negatives = None
-    train = ranks > 1
     if validation:
-        valid_rows = np.flatnonzero(ranks == 2)
-        valid_items = np.empty(num_users, dtype=np.int32)
-        valid_items[users[valid_rows]] = items[valid_rows]
-        valid_negatives = sample_heldout_negatives(
-            users, items, num_users=num_users, num_items=num_items,
-            num_negatives=num_negatives, seed=valid_seed, source=source)
-        train = ranks > 2
+        valid_items = _held_out_items(users, items, ranks == 2, num_users)
+        valid_negatives = negatives.sample(pairs, num_negatives=num_negatives,
+                                           seed=valid_seed, source=source,
+                                           workers=workers)
+    del pairs
+    train = ranks > (2 if validation else 1)
+    del ranks
     return Split(
         num_users=num_users,
         num_items=int(num_items),
-        num_interactions=int(len(kept)),
+        num_interactions=num_kept,
         train_users=users[train],
         train_items=items[train],
         test_items=test_items,
@@ -494,3 +348,15 @@ def build_split(raw: pd.DataFrame, *, validation: bool = False,
         item_ids=original_ids(item_ids),
         filtered=filtered,
     )
+
+
+def _kept(values: np.ndarray, keep: np.ndarray, every_row: bool) -> np.ndarray:
+    return values if every_row else values[keep]
+
+
+def _held_out_items(users: np.ndarray, items: np.ndarray, rows: np.ndarray,
+                    num_users: int) -> np.ndarray:
+    """int32 [num_users]: the item of each user's row where ``rows`` holds."""
+    held_out = np.empty(num_users, dtype=np.int32)
+    held_out[users[rows]] = items[rows]
+    return held_out

@@ -1,20 +1,23 @@
 """Split files on disk and the cache that reuses them.
 
-Layout of an output folder:
+Layout of an output folder (format 3):
 
-- ``train.csv``: header ``user,item``; one line per training row (duplicates
-  kept), in the split's order.
-- ``test.csv``: header ``user,item,neg_1,...,neg_K``; one line per user, in
-  user order; ``item`` is the held-out test item.
-- ``valid.csv``: same format for the validation hold-out (only with
-  validation).
+- ``<array>.npy``, one per index array of the split (``train_users``,
+  ``train_items``, ``test_items``, ``test_negatives`` and, with validation,
+  ``valid_items``, ``valid_negatives``): int32 numpy arrays, read back
+  memory-mapped, so a reload costs a check of the bytes, not a parse.
 - ``users.csv``: header ``user,original_id``; the original id of every user
   index, in index order.
 - ``items.csv``: header ``item,original_id``; the same for the items (items
   past the last row were never seen in the data; Amazon-Video's fixed count).
+- With ``csv=True`` (`write_split`), text copies of the arrays:
+  ``train.csv`` (header ``user,item``, one line per training row, duplicates
+  kept, in the split's order), ``test.csv`` (header
+  ``user,item,neg_1,...,neg_K``, one line per user in user order) and
+  ``valid.csv`` (same format, with validation).
 - ``meta.json``: format version, the cache key (dataset, options, fingerprint
   of the raw input), statistics, the type of the original ids (``int`` or
-  ``str``) and the SHA-1 of every split file.
+  ``str``) and the SHA-1 of every file above.
 
 ``meta.json`` is written last and removed first, so an interrupted write never
 looks like a valid cache.
@@ -38,14 +41,18 @@ from tff_fedrecgel.errors import DataError
 
 PathLike = Union[str, os.PathLike]
 
-# 2: the id maps (users.csv, items.csv).
-FORMAT_VERSION = 2
+# 2: the id maps (users.csv, items.csv); 3: the arrays as .npy, CSV optional.
+FORMAT_VERSION = 3
 TRAIN_FILE = 'train.csv'
 TEST_FILE = 'test.csv'
 VALID_FILE = 'valid.csv'
 USERS_FILE = 'users.csv'
 ITEMS_FILE = 'items.csv'
 META_FILE = 'meta.json'
+CSV_FILES = (TRAIN_FILE, TEST_FILE, VALID_FILE)
+# The index arrays of a split, one .npy file each.
+ARRAY_FIELDS = ('train_users', 'train_items', 'test_items', 'test_negatives',
+                'valid_items', 'valid_negatives')
 # Id map files: (file, index column, Split field).
 _ID_MAPS = ((USERS_FILE, 'user', 'user_ids'), (ITEMS_FILE, 'item', 'item_ids'))
 
@@ -143,25 +150,57 @@ def _read_id_map(path: str, data: bytes, column: str, id_type: str,
     raise DataError(f'{path}: unknown id type {id_type!r} in meta.json')
 
 
-def _split_file_bytes(split: Split) -> dict[str, bytes]:
-    users = np.arange(split.num_users, dtype=np.int32)
-    files = {
-        TRAIN_FILE: _csv_bytes(
+def _text_file_bytes(split: Split, csv: bool) -> dict[str, bytes]:
+    """The id maps and, with ``csv``, the text copies of the arrays."""
+    files = {}
+    if csv:
+        users = np.arange(split.num_users, dtype=np.int32)
+        files[TRAIN_FILE] = _csv_bytes(
             ['user', 'item'],
-            np.stack([split.train_users, split.train_items], axis=1)),
-        TEST_FILE: _csv_bytes(
+            np.stack([split.train_users, split.train_items], axis=1))
+        files[TEST_FILE] = _csv_bytes(
             _heldout_header(split.test_negatives.shape[1]),
-            np.column_stack([users, split.test_items, split.test_negatives])),
-    }
-    if split.has_validation:
-        files[VALID_FILE] = _csv_bytes(
-            _heldout_header(split.valid_negatives.shape[1]),
-            np.column_stack([users, split.valid_items, split.valid_negatives]))
+            np.column_stack([users, split.test_items, split.test_negatives]))
+        if split.has_validation:
+            files[VALID_FILE] = _csv_bytes(
+                _heldout_header(split.valid_negatives.shape[1]),
+                np.column_stack([users, split.valid_items,
+                                 split.valid_negatives]))
     for name, column, field in _ID_MAPS:
         ids = getattr(split, field)
         if ids is not None:
             files[name] = _id_map_bytes(column, ids)
     return files
+
+
+class _HashingWriter:
+    """A file that hashes what is written to it (for `np.lib.format`)."""
+
+    def __init__(self, f):
+        self._file = f
+        self.sha1 = hashlib.sha1()
+
+    def write(self, data) -> int:
+        self.sha1.update(data)
+        return self._file.write(data)
+
+
+def _write_array(path: str, array: np.ndarray) -> str:
+    """Writes ``array`` as ``.npy`` (atomically); returns its SHA-1."""
+    tmp = f'{path}.tmp'
+    try:
+        with open(tmp, 'wb') as f:
+            writer = _HashingWriter(f)
+            np.lib.format.write_array(writer, np.ascontiguousarray(array),
+                                      allow_pickle=False)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise DataError(f'{path}: cannot write ({e.strerror or e})') from None
+    return writer.sha1.hexdigest()
+
+
+def _array_file(field: str) -> str:
+    return f'{field}.npy'
 
 
 def _make_dir(output_dir: str) -> None:
@@ -218,7 +257,8 @@ def _remove(path: str) -> None:
 
 
 def write_split(split: Split, output_dir: PathLike, *,
-                key: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                key: Mapping[str, Any] | None = None,
+                csv: bool = False) -> dict[str, Any]:
     """Writes the split files and ``meta.json``.
 
     Args:
@@ -226,6 +266,8 @@ def write_split(split: Split, output_dir: PathLike, *,
       output_dir: Folder to write into (created if missing).
       key: Cache key stored in ``meta.json`` (dataset, options, raw-input
         fingerprint); `load_or_compute` reuses the files only for an equal key.
+      csv: Also write the text copies ``train.csv``, ``test.csv`` (and
+        ``valid.csv``).
 
     Returns:
       The metadata written to ``meta.json``.
@@ -237,12 +279,21 @@ def write_split(split: Split, output_dir: PathLike, *,
     _make_dir(output_dir)
     meta_path = os.path.join(output_dir, META_FILE)
     _remove(meta_path)  # Invalidate first: a crash below leaves no cache.
-    files = _split_file_bytes(split)
-    for name in (VALID_FILE, USERS_FILE, ITEMS_FILE):
+    files = _text_file_bytes(split, csv)
+    hashes = {}
+    for field in ARRAY_FIELDS:
+        path = os.path.join(output_dir, _array_file(field))
+        array = getattr(split, field)
+        if array is None:
+            _remove(path)
+        else:
+            hashes[_array_file(field)] = _write_array(path, array)
+    for name in CSV_FILES + (USERS_FILE, ITEMS_FILE):
         if name not in files:
             _remove(os.path.join(output_dir, name))
     for name, data in files.items():
         _write_atomic(os.path.join(output_dir, name), data)
+        hashes[name] = hashlib.sha1(data).hexdigest()
     meta = {
         'format_version': FORMAT_VERSION,
         'key': _normalize(dict(key or {})),
@@ -253,12 +304,20 @@ def write_split(split: Split, output_dir: PathLike, *,
         'id_types': {field: _id_type(getattr(split, field))
                      for _, _, field in _ID_MAPS
                      if getattr(split, field) is not None},
-        'files': {name: hashlib.sha1(data).hexdigest()
-                  for name, data in files.items()},
+        'files': dict(sorted(hashes.items())),
     }
     _write_atomic(meta_path,
                   (json.dumps(meta, indent=2, sort_keys=True) + '\n').encode())
     return meta
+
+
+def _check_sha1(path: str, sha1: str) -> None:
+    digest = hashlib.sha1()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(1 << 22), b''):
+            digest.update(chunk)
+    if digest.hexdigest() != sha1:
+        raise DataError(f'{path}: content does not match meta.json')
 
 
 def _read_verified(path: str, sha1: str) -> bytes:
@@ -267,16 +326,6 @@ def _read_verified(path: str, sha1: str) -> bytes:
     if hashlib.sha1(data).hexdigest() != sha1:
         raise DataError(f'{path}: content does not match meta.json')
     return data
-
-
-def _parse_csv(path: str, data: bytes, columns: list[str],
-               rows: int) -> np.ndarray:
-    frame = pd.read_csv(io.BytesIO(data), dtype=np.int64)
-    if list(frame.columns) != columns:
-        raise DataError(f'{path}: unexpected header')
-    if len(frame) != rows:
-        raise DataError(f'{path}: expected {rows} rows, found {len(frame)}')
-    return frame.to_numpy()
 
 
 def read_meta(output_dir: PathLike) -> dict[str, Any]:
@@ -308,6 +357,9 @@ def read_meta(output_dir: PathLike) -> dict[str, Any]:
 def read_split(output_dir: PathLike) -> tuple[Split, dict[str, Any]]:
     """Reads a split written by `write_split`, verifying every file.
 
+    The arrays are memory-mapped copy-on-write: pages are read from the file
+    when used, and writing to them never changes the file.
+
     Args:
       output_dir: The split folder.
 
@@ -322,24 +374,16 @@ def read_split(output_dir: PathLike) -> tuple[Split, dict[str, Any]]:
     try:
         stats = meta['statistics']
         num_users = int(stats['users'])
-        num_negatives = int(meta['num_negatives'])
         hashes = meta['files']
+        for name, sha1 in hashes.items():  # The text copies too.
+            _check_sha1(os.path.join(output_dir, os.path.basename(name)), sha1)
         arrays = {}
-        for name in (TRAIN_FILE, TEST_FILE, VALID_FILE):
-            if name not in hashes:
-                continue
-            path = os.path.join(output_dir, name)
-            data = _read_verified(path, hashes[name])
-            if name == TRAIN_FILE:
-                arrays[name] = _parse_csv(path, data, ['user', 'item'],
-                                          int(stats['train_interactions']))
-            else:
-                arrays[name] = _parse_csv(path, data,
-                                          _heldout_header(num_negatives),
-                                          num_users)
-                if not np.array_equal(arrays[name][:, 0], np.arange(num_users)):
-                    raise DataError(f'{path}: users out of order')
-        if (VALID_FILE in arrays) != (int(stats['valid_users']) > 0):
+        for field in ARRAY_FIELDS:
+            name = _array_file(field)
+            if name in hashes:
+                arrays[field] = np.load(os.path.join(output_dir, name),
+                                        mmap_mode='c', allow_pickle=False)
+        if ('valid_items' in arrays) != (int(stats['valid_users']) > 0):
             raise DataError(f'{output_dir}: validation files do not match')
         id_maps = {}
         for name, column, field in _ID_MAPS:
@@ -350,24 +394,13 @@ def read_split(output_dir: PathLike) -> tuple[Split, dict[str, Any]]:
                 path, _read_verified(path, hashes[name]), column,
                 meta['id_types'][field],
                 num_users if field == 'user_ids' else None)
-        train, test = arrays[TRAIN_FILE], arrays[TEST_FILE]
-        valid = arrays.get(VALID_FILE)
-        split = Split(
-            num_users=num_users,
-            num_items=int(meta['num_items']),
-            num_interactions=int(stats['interactions']),
-            train_users=train[:, 0].astype(np.int32),
-            train_items=train[:, 1].astype(np.int32),
-            test_items=test[:, 1].astype(np.int32),
-            test_negatives=np.ascontiguousarray(test[:, 2:], dtype=np.int32),
-            valid_items=None if valid is None else valid[:, 1].astype(np.int32),
-            valid_negatives=None if valid is None else np.ascontiguousarray(
-                valid[:, 2:], dtype=np.int32),
-            filtered=meta.get('filtered'),
-            **id_maps,
-        )
+        split = Split(num_users=num_users, num_items=int(meta['num_items']),
+                      num_interactions=int(stats['interactions']),
+                      filtered=meta.get('filtered'), **arrays, **id_maps)
     except DataError:
         raise
+    except FileNotFoundError as e:
+        raise DataError(f'{e.filename}: file not found') from None
     except (OSError, KeyError, TypeError, ValueError,
             pd.errors.ParserError) as e:
         raise DataError(f'{output_dir}: unreadable split ({e})') from None
@@ -377,7 +410,8 @@ def read_split(output_dir: PathLike) -> tuple[Split, dict[str, Any]]:
 
 
 def load_or_compute(output_dir: PathLike, *, key: Mapping[str, Any],
-                    compute: Callable[[], Split]) -> tuple[Split, bool]:
+                    compute: Callable[[], Split],
+                    csv: bool = False) -> tuple[Split, bool]:
     """Reuses the split in ``output_dir`` if its key matches, else computes it.
 
     Args:
@@ -385,6 +419,8 @@ def load_or_compute(output_dir: PathLike, *, key: Mapping[str, Any],
       key: Everything the split depends on (dataset, options, raw-input
         fingerprint); compared with the key stored in ``meta.json``.
       compute: Builds the split when the cache cannot be used.
+      csv: The folder must also hold the text copies (`write_split`); a
+        cache without them gets them written, from the cached arrays.
 
     Returns:
       ``(split, cached)``; ``cached`` is True when the files were reused.
@@ -400,6 +436,8 @@ def load_or_compute(output_dir: PathLike, *, key: Mapping[str, Any],
             if meta.get('key') == key:
                 split, _ = read_split(output_dir)
                 _logger.info('Reusing the cached split in %s', output_dir)
+                if csv and TRAIN_FILE not in meta['files']:
+                    write_split(split, output_dir, key=key, csv=True)
                 return split, True
             _logger.info('Cached split in %s is for other inputs; recomputing',
                          output_dir)
@@ -409,5 +447,5 @@ def load_or_compute(output_dir: PathLike, *, key: Mapping[str, Any],
     # data must leave no folder behind.
     check_writable_dir(output_dir)
     split = compute()
-    write_split(split, output_dir, key=key)
+    write_split(split, output_dir, key=key, csv=csv)
     return split, False

@@ -254,52 +254,58 @@ def _draw_exact(config, rng, counts, start, drift, items_v, log_pop):
 def _draw_large(config, rng, counts, start, drift, items_v, log_pop):
     """One-pass draws for large populations (users x items over the limit).
 
-    Each user's candidates are proposed by popularity; Gumbel-top-k on the
-    latent score (at the user's mid-sequence preference) picks its items
-    among them, so choices still follow popularity x exp(score / T); the
-    picks are then ordered along the user's drift, so later interactions
-    lean the way the preference moves. A user whose proposals hold fewer
-    distinct items than it needs gets fewer interactions (never below the
-    minimum in practice).
+    Each user's candidates are proposed by popularity (``4 n_u + 64`` of
+    them); Gumbel-top-k on the latent score (at the user's mid-sequence
+    preference) picks its items among the distinct ones, so choices still
+    follow popularity x exp(score / T); the picks are then ordered along the
+    user's drift, so later interactions lean the way the preference moves.
+    A user whose proposals hold fewer distinct items than it needs gets
+    fewer interactions (never below the minimum in practice). Users are
+    drawn in chunks of about `_BLOCK_ENTRIES / 16` proposals, each a flat
+    run of every user's own proposals (no padding), all sorts vectorized.
+
+    Returns:
+      ``(items, counts)``: every user's items in order, users one after the
+      other, and the number of items of each user.
     """
     u = len(counts)
     cdf = np.cumsum(np.exp(log_pop))
     cdf /= cdf[-1]
-    picks = np.full((u, int(counts.max())), -1, dtype=np.int64)
-    new_counts = counts.copy()
     widths = 4 * counts + 64
+    budget = _BLOCK_ENTRIES // 16
+    ends = np.cumsum(widths)
+    chosen_parts, new_counts = [], np.zeros(u, dtype=np.int64)
     lo = 0
     while lo < u:
-        # Rows x widest row stays under the block budget.
-        hi, width = lo, 0
-        while hi < u and max(width, widths[hi]) * (hi - lo + 1) <= _BLOCK_ENTRIES // 8:
-            width = max(width, int(widths[hi]))
-            hi += 1
-        if hi == lo:
-            hi, width = lo + 1, int(widths[lo])
-        need = counts[lo:hi]
-        candidates = np.searchsorted(cdf, rng.random((hi - lo, width)))
-        candidates = np.minimum(candidates, len(cdf) - 1)
+        # Users lo..hi-1: at least one, proposals within the budget.
+        hi = max(lo + 1, int(np.searchsorted(ends, ends[lo] - widths[lo] + budget, 'right')))
+        hi = min(hi, u)
+        width = widths[lo:hi]
+        rows = np.repeat(np.arange(hi - lo), width)
+        candidates = np.minimum(np.searchsorted(cdf, rng.random(len(rows))), len(cdf) - 1)
         prefs = start[lo:hi] + 0.5 * drift[lo:hi]
-        keys = np.einsum('bd,bcd->bc', prefs, items_v[candidates]) / config.temperature
-        keys = keys + rng.gumbel(size=keys.shape)
-        # Keep one copy of each candidate: sort by item, drop repeats.
-        order = np.argsort(candidates, axis=1, kind='stable')
-        candidates = np.take_along_axis(candidates, order, 1)
-        keys = np.take_along_axis(keys, order, 1)
-        repeat = np.zeros_like(keys, dtype=bool)
-        repeat[:, 1:] = candidates[:, 1:] == candidates[:, :-1]
-        keys[repeat] = -np.inf
-        best = np.argsort(-keys, axis=1, kind='stable')
-        for row in range(hi - lo):
-            valid = best[row][np.isfinite(keys[row, best[row]])][: need[row]]
-            chosen = candidates[row, valid]
-            along = items_v[chosen] @ drift[lo + row]
-            chosen = chosen[np.argsort(along, kind='stable')]
-            picks[lo + row, : len(chosen)] = chosen
-            new_counts[lo + row] = len(chosen)
+        keys = np.einsum('nd,nd->n', prefs[rows], items_v[candidates]) / config.temperature
+        keys += rng.gumbel(size=len(keys))
+        # One copy of each (user, candidate): its first proposal.
+        order = np.lexsort((candidates, rows))
+        rows, candidates, keys = rows[order], candidates[order], keys[order]
+        first = np.r_[True, (rows[1:] != rows[:-1]) | (candidates[1:] != candidates[:-1])]
+        rows, candidates, keys = rows[first], candidates[first], keys[first]
+        # Each user's best `need` distinct candidates (largest keys first).
+        order = np.lexsort((-keys, rows))
+        rows, candidates = rows[order], candidates[order]
+        distinct = np.bincount(rows, minlength=hi - lo)
+        starts = np.cumsum(distinct) - distinct
+        rank = np.arange(len(rows)) - starts[rows]
+        take = rank < counts[lo:hi][rows]
+        rows, candidates = rows[take], candidates[take]
+        # Along the drift: later interactions lean the way preferences move.
+        along = np.einsum('nd,nd->n', items_v[candidates], drift[lo:hi][rows])
+        order = np.lexsort((along, rows))
+        chosen_parts.append(candidates[order])
+        new_counts[lo:hi] = np.bincount(rows, minlength=hi - lo)
         lo = hi
-    return picks, new_counts
+    return np.concatenate(chosen_parts), new_counts
 
 
 def generate_synthetic_with_truth(
@@ -337,23 +343,26 @@ def generate_synthetic_with_truth(
 
     if u * i <= _EXACT_LIMIT:
         picks = _draw_exact(config, rng, counts, start, drift, items_v, log_pop)
+        items = picks[np.arange(picks.shape[1])[None, :] < counts[:, None]]
+        del picks
     else:
-        picks, counts = _draw_large(config, rng, counts, start, drift, items_v, log_pop)
+        items, counts = _draw_large(config, rng, counts, start, drift, items_v, log_pop)
 
     users = np.repeat(np.arange(u, dtype=np.int64), counts)
-    items = picks[np.arange(picks.shape[1])[None, :] < counts[:, None]]
     gaps = rng.geometric(1 / 3600, size=len(users)).astype(np.int64)
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])
     gaps[first] = rng.integers(0, 10_000_000, size=u)  # Each user's start time.
     timestamps = np.cumsum(gaps)
     timestamps -= np.repeat(timestamps[first] - gaps[first], counts)
-    frame = pd.DataFrame({'user': users, 'item': items,
-                          'timestamp': timestamps})
-    frame = frame.sort_values(['timestamp', 'user'], kind='stable')
+    # Log order: by timestamp, then user (a stable sort, as pandas' would).
+    order = np.lexsort((users, timestamps))
+    frame = pd.DataFrame({'user': users[order], 'item': items[order],
+                          'timestamp': timestamps[order]})
+    del order
     truth = SyntheticTruth(user_start=start, user_drift=drift,
                            item_factors=items_v, item_log_popularity=log_pop,
                            temperature=config.temperature)
-    return frame.reset_index(drop=True), truth
+    return frame, truth
 
 
 def generate_synthetic(config: SyntheticConfig | None = None,

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from tff_fedrecgel import eval_sample
 from tff_fedrecgel import ranking
 
 PROTOCOLS = ('sampled', 'full', 'both')
@@ -62,6 +63,9 @@ class EvaluationPlan:
         (and at the last round); None: as `rounds_per_eval`.
       validation: Whether the split holds a validation item.
       heldout: Whether some users never train.
+      stderr: Whether the evaluations are of a sample of users
+        (`eval_sample`): selections then record each metric's standard
+        error (`<metric>_se`) too.
     """
 
     protocol: str = 'sampled'
@@ -69,6 +73,7 @@ class EvaluationPlan:
     rounds_per_full_eval: int | None = None
     validation: bool = False
     heldout: bool = False
+    stderr: bool = False
 
     def __post_init__(self):
         if self.protocol not in PROTOCOLS:
@@ -159,7 +164,10 @@ class EvaluationPlan:
     def _recorded(self, protocol: str) -> list[str]:
         """The `group/metric` keys a selection of `protocol` records."""
         groups = [g.name for g in self.groups(protocol) if g.which == 'test']
-        return [f'{g}/{m}' for g in groups for m in self.metric_names(protocol)]
+        metrics = self.metric_names(protocol)
+        if self.stderr:
+            metrics = metrics + [m + eval_sample.STDERR_SUFFIX for m in metrics]
+        return [f'{g}/{m}' for g in groups for m in metrics]
 
     def empty_best(self) -> collections.OrderedDict:
         """Best-so-far records of every selection (round 0: none yet)."""
@@ -231,10 +239,13 @@ class EvaluationPlan:
         suffix = _SUFFIX[protocol]
         label = ('chosen on the validation item' if self.served_selection
                  else 'chosen on the test item (the paper\'s test-selected figure)')
+        shown = ('hr@10', 'ndcg@10')
+        if self.stderr:
+            shown += tuple(m + eval_sample.STDERR_SUFFIX for m in shown)
         return {'selection': name, 'protocol': protocol, 'round': int(record['round']),
                 'chosen': label,
                 **{f'test{suffix}/{m}': float(record[f'test{suffix}/{m}'])
-                   for m in ('hr@10', 'ndcg@10')}}
+                   for m in shown}}
 
     def summary(self, best: Mapping) -> dict[str, Any]:
         """The selections' fields of the run summary.

@@ -270,7 +270,8 @@ def run_training(
     plan = EvaluationPlan(
         protocol=eval_protocol, rounds_per_eval=rounds_per_eval,
         rounds_per_full_eval=rounds_per_full_eval, validation=validation,
-        heldout=len(simulation.heldout_users) > 0)
+        heldout=len(simulation.heldout_users) > 0,
+        stderr=_evaluation_sample(simulation) is not None)
     if early_stopping_patience and plan.served_selection is None:
         raise ValueError('early stopping needs a validation item (validation=True)')
     loop = asyncio.new_event_loop()
@@ -460,10 +461,19 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
     return summary
 
 
+def _evaluation_sample(simulation) -> dict[str, Any] | None:
+    """The simulation's evaluation sample (None: every user is evaluated)."""
+    describe = getattr(simulation, 'evaluation_sample', None)
+    return None if describe is None else describe()
+
+
 def _summary(simulation, plan, best, final, train_seconds, eval_seconds):
     rounds = simulation.round_num
     summary = plan.summary(best)
     summary['eval_protocol'] = plan.protocol
+    sample = _evaluation_sample(simulation)
+    if sample is not None:
+        summary['evaluated_users'] = sample
     summary['final'] = {k: float(v) for k, v in (final or {}).items()}
     summary['rounds'] = rounds
     # Seconds of training plus evaluation, and of training alone, per round.

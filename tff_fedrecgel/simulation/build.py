@@ -44,6 +44,7 @@ def build_simulation(
     workers: str | Sequence[str] | None = None,
     sharpness_probe: float | None = None,
     heldout_fraction: float = 0.0,
+    eval_users: int | None = None,
 ) -> Simulation:
     """A simulation of `method` on `split`.
 
@@ -67,6 +68,8 @@ def build_simulation(
       sharpness_probe: Radius of the sharpness probe (FedRecGEL).
       heldout_fraction: Fraction of users never trained on, evaluated with
         embeddings rebuilt from their data (`Simulation`).
+      eval_users: Evaluate a fixed sample of this many users of each
+        population, with standard errors (`Simulation`); None: everyone.
 
     Returns:
       An uninitialized `Simulation`.
@@ -97,4 +100,4 @@ def build_simulation(
         training_users=np.setdiff1d(np.arange(split.num_users), held)))
     return Simulation(split=split, algorithm=algorithm, clients_per_round=clients_per_round,
                       seed=seed, num_negatives=num_negatives,
-                      heldout_fraction=heldout_fraction)
+                      heldout_fraction=heldout_fraction, eval_users=eval_users)

@@ -2,7 +2,7 @@
 
 `Simulation` runs rounds over a split in one process: it samples each round's
 cohort, builds the sampled users' round batches, hands them to the algorithm,
-and evaluates every user. What differs between algorithms (FedRecGEL and its
+and evaluates every user (or a fixed sample of them, `eval_sample`). What differs between algorithms (FedRecGEL and its
 settings, TFF's FedRecon) sits behind the small `Algorithm` protocol; the
 training program (`program/`) only sees a `Simulation`.
 
@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import tensorflow_federated as tff
 
+from tff_fedrecgel import eval_sample
 from tff_fedrecgel import evaluation
 from tff_fedrecgel import full_ranking
 from tff_fedrecgel.algorithms import client_update
@@ -96,7 +97,8 @@ class Simulation:
     """Rounds of a federated algorithm over a population of users."""
 
     def __init__(self, *, split: Split, algorithm: Algorithm, clients_per_round: int,
-                 seed: int = 0, num_negatives: int = 4, heldout_fraction: float = 0.0):
+                 seed: int = 0, num_negatives: int = 4, heldout_fraction: float = 0.0,
+                 eval_users: int | None = None):
         """Prepares the per-user data and the cohort sampling.
 
         Args:
@@ -110,6 +112,10 @@ class Simulation:
             (`heldout_users_for`) that never trains and is never sampled;
             `evaluate(heldout=True)` measures them with embeddings rebuilt
             from their own training interactions.
+          eval_users: Evaluate this many users of each population (the
+            training users, the held-out users), the same sample every round
+            (`eval_sample.sample_positions`), with standard errors; None:
+            everyone.
 
         Raises:
           ValueError: On inconsistent sizes.
@@ -126,11 +132,14 @@ class Simulation:
                              f'got {clients_per_round}')
         if num_negatives < 0:
             raise ValueError(f'num_negatives must be >= 0, got {num_negatives}')
+        if eval_users is not None and eval_users < 1:
+            raise ValueError(f'eval_users must be >= 1, got {eval_users}')
         self.split = split
         self.algorithm = algorithm
         self.clients_per_round = clients_per_round
         self.seed = seed
         self.num_negatives = num_negatives
+        self.eval_users = eval_users
         self.train_data = FederatedTrainData.from_split(split)
         population = (range(split.num_users) if not len(self.heldout_users)
                       else self.train_users.tolist())
@@ -181,6 +190,42 @@ class Simulation:
                 self.global_weights, self.batches(users, EVAL_ROUND)))
         return self._rebuilt[key][1]
 
+    def evaluated_users(self, *, heldout: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """The users an evaluation covers and where they sit in their population.
+
+        Returns:
+          `(users, positions)`: user indices, and their positions in
+          `train_users` (or `heldout_users`), or None when everyone is
+          evaluated.
+        """
+        population = self.heldout_users if heldout else self.train_users
+        positions = eval_sample.sample_positions(len(population), self.eval_users)
+        return (population, None) if positions is None else (population[positions], positions)
+
+    def evaluation_sample(self) -> dict[str, Any] | None:
+        """What the summary says of a sampled evaluation (None: everyone)."""
+        sizes = {'train': len(self.train_users), 'heldout': len(self.heldout_users)}
+        sampled = {name: size for name, size in sizes.items()
+                   if eval_sample.sample_positions(size, self.eval_users) is not None}
+        if not sampled:
+            return None
+        return {'eval_users': int(self.eval_users),
+                'populations': {name: {'evaluated': min(int(self.eval_users), size),
+                                       'of': int(size)} for name, size in sizes.items() if size},
+                'note': ('metrics are means over a fixed random sample of users (the same '
+                         'every round, method and seed); <metric>_se is the standard error '
+                         'of each mean over its population')}
+
+    def _evaluation_tables(self, heldout: bool, users: np.ndarray,
+                           positions: np.ndarray | None) -> list[np.ndarray]:
+        """The evaluated users' embeddings (only they rebuild theirs)."""
+        if positions is None:
+            return self.local_tables(heldout=heldout)
+        if heldout or self.algorithm.local_tables() is None:
+            return self._rebuild('heldout_sample' if heldout else 'train_sample', users)
+        tables = self.algorithm.local_tables()
+        return [t[users] for t in tables]
+
     def local_tables(self, *, heldout: bool = False) -> list[np.ndarray]:
         """The embeddings of the training (or held-out) users, one row each.
 
@@ -209,34 +254,42 @@ class Simulation:
             did not train on (HR@K, NDCG@K, MRR).
 
         Returns:
-          Means over the users (the fast batched paths).
+          Means over the users (the fast batched paths); with `eval_users`
+          over the fixed sample, each followed by its standard error
+          (`<metric>_se`).
 
         Raises:
           ValueError: If `heldout` and the run holds no users out, or on an
             unknown protocol.
         """
-        users = self.heldout_users if heldout else self.train_users
-        if not len(users):
+        if heldout and not len(self.heldout_users):
             raise ValueError('this simulation holds no users out')
         if protocol not in ('sampled', 'full'):
             raise ValueError(f"protocol must be 'sampled' or 'full', got {protocol!r}")
+        users, positions = self.evaluated_users(heldout=heldout)
+        sample_of = None if positions is None else len(
+            self.heldout_users if heldout else self.train_users)
         scores = self.algorithm.item_scores
         if protocol == 'sampled':
-            candidates = self.split.candidates(which)[users]
+            candidates = self.split.candidates(which, users)
             if scores is not None:
-                return dict(evaluation.evaluate_item_scores(scores, candidates))
+                return dict(evaluation.evaluate_item_scores(scores, candidates,
+                                                            sample_of=sample_of))
             metrics = evaluation.evaluate_users(
                 self.algorithm.model_config, self.global_weights,
-                self.local_tables(heldout=heldout), candidates)
+                self._evaluation_tables(heldout, users, positions), candidates,
+                sample_of=sample_of)
         else:
-            targets = self.split.candidates(which)[users, 0]
+            targets = self.split.candidates(which, users)[:, 0]
             csr = self.train_data.csr(users)
             if scores is not None:
-                metrics = full_ranking.evaluate_item_scores(scores, targets, csr)
+                metrics = full_ranking.evaluate_item_scores(scores, targets, csr,
+                                                            sample_of=sample_of)
             else:
                 metrics = full_ranking.evaluate_full(
                     self.algorithm.model_config, self.global_weights,
-                    self.local_tables(heldout=heldout), targets, csr)
+                    self._evaluation_tables(heldout, users, positions), targets, csr,
+                    sample_of=sample_of)
         return {k: float(v) for k, v in metrics.items()}
 
     def get_state(self) -> collections.OrderedDict:

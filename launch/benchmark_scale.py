@@ -1,0 +1,231 @@
+r"""Times data preparation at scale and checks sampled evaluation against full.
+
+Prints figures, never asserts them. Examples (from the repository root)::
+
+    nice -n 10 .venv/bin/python launch/benchmark_scale.py --mode=prep \
+        --num_users=162000 --num_items=59000 --mean_interactions=155
+    nice -n 10 .venv/bin/python launch/benchmark_scale.py --mode=eval_error \
+        --num_users=100000 --num_items=2000
+
+`--mode=prep` runs three phases, each in a fresh process so that each peak
+memory is its own: `generate` (the synthetic log, saved as raw columns),
+`prepare` (the columns read into the raw frame, `preprocess.build_split`:
+filter, re-index, leave-one-out, sampled negatives; then the cache written
+as in `Task.prepare`) and `reload` (`split_io.read_split` of that cache,
+every file's SHA-1 checked, every array read). It prints one line per phase
+and a JSON object with the seconds, peak resident memory (VmHWM) and CPU
+seconds of each (the CPU time of the whole process, loading included: on a
+shared machine it moves less than the wall time; the 1-minute load average
+at the end of the phase says how shared it was).
+The files go to a temporary folder under --work_dir, removed at the end.
+
+`--mode=eval_error` trains `--rounds` FedRecGEL rounds on a synthetic
+population, evaluates every user, then the fixed `--eval_users` sample
+(`eval_sample`) and `--repeats` other random samples of the same size, and
+prints, per metric, the full mean, the sample's mean and standard error,
+and the spread (standard deviation) of the other samples' means, which the
+standard error estimates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+if __package__ in (None, ''):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_fedrecgel.launch import _entry
+
+_entry.setup_environment()
+
+from absl import flags
+import numpy as np
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+_MODE = flags.DEFINE_enum('mode', 'prep', ['prep', 'eval_error'], 'What to measure.')
+_PHASE = flags.DEFINE_enum('phase', None, ['generate', 'prepare', 'reload'],
+                           'Internal: run one phase of --mode=prep in this process.')
+_NUM_USERS = flags.DEFINE_integer('num_users', 162_000, 'Synthetic users.', lower_bound=1)
+_NUM_ITEMS = flags.DEFINE_integer('num_items', 59_000, 'Synthetic items.', lower_bound=10)
+_MEAN_INTERACTIONS = flags.DEFINE_float(
+    'mean_interactions', 155.0, 'Mean interactions per synthetic user.')
+_VALIDATION = flags.DEFINE_boolean('validation', False, 'Hold out a validation item too.')
+_WORKERS = flags.DEFINE_integer(
+    'workers', None, 'Threads drawing the negatives (default: the usable cores, up to 4).',
+    lower_bound=1)
+_WORK_DIR = flags.DEFINE_string('work_dir', None, 'Folder for the temporary files '
+                                '(default: the system temporary folder).')
+_FOLDER = flags.DEFINE_string('folder', None, 'Internal: the files of --phase.')
+_ROUNDS = flags.DEFINE_integer('rounds', 3, 'eval_error: training rounds.', lower_bound=0)
+_CLIENTS = flags.DEFINE_integer('clients_per_round', 1000, 'eval_error: cohort.',
+                                lower_bound=1)
+_EVAL_USERS = flags.DEFINE_integer('eval_users', 10_000, 'eval_error: sample size.',
+                                   lower_bound=2)
+_REPEATS = flags.DEFINE_integer('repeats', 20, 'eval_error: other samples drawn.',
+                                lower_bound=2)
+
+_COLUMNS = ('user', 'item', 'timestamp')
+
+
+def _peak_rss_mb() -> float:
+    """High-water resident memory of this process (VmHWM), MB."""
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith('VmHWM:'):
+                return int(line.split()[1]) / 1024
+    return float('nan')
+
+
+def _generate(folder: str) -> dict:
+    from tff_fedrecgel.data import synthetic  # pylint: disable=g-import-not-at-top
+
+    start = time.perf_counter()
+    raw = synthetic.generate_synthetic(num_users=_NUM_USERS.value, num_items=_NUM_ITEMS.value,
+                                       mean_interactions=_MEAN_INTERACTIONS.value, seed=0)
+    seconds = time.perf_counter() - start
+    os.makedirs(os.path.join(folder, 'raw'), exist_ok=True)
+    for column in _COLUMNS:
+        np.save(os.path.join(folder, 'raw', f'{column}.npy'), raw[column].to_numpy())
+    return {'rows': len(raw), 'seconds': seconds}
+
+
+def _prepare(folder: str) -> dict:
+    import pandas as pd  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.data import preprocess  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.data import split_io  # pylint: disable=g-import-not-at-top
+
+    raw = pd.DataFrame({c: np.load(os.path.join(folder, 'raw', f'{c}.npy')) for c in _COLUMNS})
+    start = time.perf_counter()
+    split = preprocess.build_split(raw, validation=_VALIDATION.value, workers=_WORKERS.value)
+    split_seconds = time.perf_counter() - start
+    del raw
+    split_io.write_split(split, os.path.join(folder, 'split'), key={'benchmark': 1})
+    seconds = time.perf_counter() - start
+    return {**split.summary(), 'seconds': seconds, 'split_seconds': split_seconds,
+            'write_seconds': seconds - split_seconds,
+            'cache_mb': sum(os.path.getsize(os.path.join(folder, 'split', name))
+                            for name in os.listdir(os.path.join(folder, 'split'))) / 2**20}
+
+
+def _reload(folder: str) -> dict:
+    from tff_fedrecgel.data import split_io  # pylint: disable=g-import-not-at-top
+
+    start = time.perf_counter()
+    split, _ = split_io.read_split(os.path.join(folder, 'split'))
+    checksum = sum(int(np.sum(getattr(split, name), dtype=np.int64)) for name in (
+        'train_users', 'train_items', 'test_items', 'test_negatives'))
+    return {'seconds': time.perf_counter() - start, 'checksum': checksum}
+
+
+def _run_phase(phase: str, folder: str) -> dict:
+    """One phase in a fresh process; its JSON line."""
+    command = [sys.executable, os.path.abspath(__file__), f'--phase={phase}',
+               f'--folder={folder}', f'--num_users={_NUM_USERS.value}',
+               f'--num_items={_NUM_ITEMS.value}',
+               f'--mean_interactions={_MEAN_INTERACTIONS.value}',
+               f'--validation={_VALIDATION.value}']
+    if _WORKERS.value:
+        command.append(f'--workers={_WORKERS.value}')
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f'phase {phase} failed: {_entry.one_line(done.stderr[-500:])}')
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _prep() -> int:
+    folder = tempfile.mkdtemp(prefix='fedrecgel_scale_', dir=_WORK_DIR.value)
+    try:
+        figures = {}
+        for phase in ('generate', 'prepare', 'reload'):
+            figures[phase] = _run_phase(phase, folder)
+            line = figures[phase]
+            print(f'{phase}: {line["seconds"]:.1f} s ({line["cpu_seconds"]:.1f} s of CPU in '
+                  f'the whole process, load {line["load_average"]:.1f}), peak '
+                  f'{line["peak_rss_mb"]:.0f} MB'
+                  + (f', {line["rows"]:,} rows' if 'rows' in line else '')
+                  + (f' (split {line["split_seconds"]:.1f} s, cache write '
+                     f'{line["write_seconds"]:.1f} s, {line["cache_mb"]:.0f} MB)'
+                     if 'split_seconds' in line else ''), flush=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(json.dumps({'num_users': _NUM_USERS.value, 'num_items': _NUM_ITEMS.value,
+                      'mean_interactions': _MEAN_INTERACTIONS.value,
+                      'validation': _VALIDATION.value, **figures}), flush=True)
+    return 0
+
+
+def _eval_error() -> int:
+    from tff_fedrecgel import eval_sample  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import evaluation  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import simulation  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import tasks  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.algorithms import client_update  # pylint: disable=g-import-not-at-top
+
+    _entry.tff_runtime()
+    split = tasks.get_task('synthetic').load_split(num_users=_NUM_USERS.value,
+                                                   num_items=_NUM_ITEMS.value)
+    work = client_update.ClientWorkConfig(rho_sh=0.01, rho_ns=0.05)
+    sim = simulation.build_simulation(split=split, method='fedrecgel', work=work,
+                                      clients_per_round=_CLIENTS.value, seed=0,
+                                      eval_users=_EVAL_USERS.value)
+    sim.initialize()
+    for _ in range(_ROUNDS.value):
+        sim.run_round()
+    tables = sim.algorithm.local_tables()
+    candidates = split.candidates('test')
+    start = time.perf_counter()
+    full = evaluation.evaluate_users(sim.algorithm.model_config, sim.global_weights,
+                                     tables, candidates)
+    full_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    sampled = sim.evaluate('test')
+    sample_seconds = time.perf_counter() - start
+    rng = np.random.default_rng(1)
+    others = []
+    for _ in range(_REPEATS.value):
+        users = np.sort(rng.choice(split.num_users, _EVAL_USERS.value, replace=False))
+        others.append(evaluation.evaluate_users(
+            sim.algorithm.model_config, sim.global_weights, [t[users] for t in tables],
+            candidates[users]))
+    rows = {}
+    for name in full:
+        spread = float(np.std([o[name] for o in others], ddof=1))
+        rows[name] = {'full': full[name], 'sample': sampled[name],
+                      'se': sampled[name + eval_sample.STDERR_SUFFIX],
+                      'spread_of_other_samples': spread}
+        print(f'{name:8s} full {full[name]:.4f}  sample {sampled[name]:.4f} ± '
+              f'{rows[name]["se"]:.4f}  (off by {sampled[name] - full[name]:+.4f}; '
+              f'sd of {_REPEATS.value} other samples {spread:.4f})', flush=True)
+    print(f'evaluation of {split.num_users:,} users {full_seconds:.1f} s, of the '
+          f'{_EVAL_USERS.value:,}-user sample {sample_seconds:.2f} s', flush=True)
+    print(json.dumps({'num_users': split.num_users, 'num_items': split.num_items,
+                      'rounds': _ROUNDS.value, 'eval_users': _EVAL_USERS.value,
+                      'full_seconds': full_seconds, 'sample_seconds': sample_seconds,
+                      'metrics': rows}), flush=True)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """Entry point."""
+    del argv
+    if _PHASE.value:
+        run = {'generate': _generate, 'prepare': _prepare, 'reload': _reload}[_PHASE.value]
+        out = run(_FOLDER.value)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        print(json.dumps({**out, 'peak_rss_mb': _peak_rss_mb(),
+                          'cpu_seconds': usage.ru_utime + usage.ru_stime,
+                          'load_average': os.getloadavg()[0]}), flush=True)
+        return 0
+    return _prep() if _MODE.value == 'prep' else _eval_error()
+
+
+if __name__ == '__main__':
+    _entry.run_main(main)
