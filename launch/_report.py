@@ -7,12 +7,12 @@ import pathlib
 
 import pandas as pd
 
+from tff_fedrecgel import methods
 from tff_fedrecgel.errors import DataError
 
 TITLES = {'filmtrust': 'FilmTrust', 'lastfm_2k': 'LastFM-2K', 'amazon_video': 'Amazon-Video'}
-# The paper study's methods, in its tables' order.
-LABELS = {'fedncf': 'FedNCF', 'fedrecgel': 'FedRecGEL', 'sam_global': 'SAM global only',
-          'sam_local': 'SAM local only', 'fedrecon': 'FedRecon', 'fedmf': 'FedMF'}
+# Every method's name in tables and figures (the registry's labels).
+LABELS = {m.name: m.label for m in methods.METHODS.values()}
 
 
 def cell(mean: float, std: float, count: int) -> str:

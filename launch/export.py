@@ -167,7 +167,7 @@ def main(argv: list[str]) -> int:
           f'{work.update} upload); exporting to {output_dir}', flush=True)
     deployment = export.build_deployment(
         model_config=model_config, work=work, server_lr=settings.server_lr,
-        init_seed=settings.seed)
+        server_optimizer=settings.server_optimizer, init_seed=settings.seed)
     manifest = export.write_deployment(
         deployment, output_dir,
         extra_hyperparameters={

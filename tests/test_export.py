@@ -21,6 +21,7 @@ import tensorflow_federated as tff
 from tff_fedrecgel import tasks
 from tff_fedrecgel import export
 from tff_fedrecgel.algorithms import client_update
+from tff_fedrecgel.algorithms import fedrecgel
 from tff_fedrecgel.data import client_data
 from tff_fedrecgel.models import neumf
 
@@ -389,3 +390,15 @@ def test_bad_input_is_one_line(tmp_path, args, fragment):
     assert len(lines) == 1 and lines[0].startswith('error: '), result.stderr
     assert fragment in lines[0]
     assert not (tmp_path / 'o').exists()
+
+
+def test_the_export_takes_the_server_optimizer_it_is_given():
+    """--server_optimizer is exported, not silently replaced by Adam."""
+    config = neumf.ModelConfig(num_items=40, gmf_dim=4, mlp_dim=8, mlp_layers=(8, 4))
+    deployment = export.build_deployment(model_config=config, server_optimizer='sgd')
+    assert deployment.hyperparameters['server_optimizer'] == 'sgd'
+    adam = fedrecgel.build_server_optimizer(name='adam').initialize(
+        neumf.global_weight_specs(config))
+    assert 'preconditioner' in adam  # Adam's second moments ...
+    # ... are not in the exported server state: its optimizer is SGD.
+    assert 'preconditioner' not in str(deployment.pieces.server_state_type.optimizer_state)

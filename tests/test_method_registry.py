@@ -55,7 +55,8 @@ def build_random_scores(method, context):
 @pytest.fixture
 def registered(monkeypatch):
     monkeypatch.setitem(methods.METHODS, 'random_scores', methods.Method(
-        'random_scores', 'items by a fixed random score', rho_sh=0.0, rho_ns=0.0,
+        'random_scores', 'random scores', 'items by a fixed random score', rho_sh=0.0,
+        rho_ns=0.0,
         builder=f'{__name__}:build_random_scores', takes=frozenset(), private=False,
         exports=False, tunable=False))
 

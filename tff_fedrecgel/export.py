@@ -102,8 +102,16 @@ _DESCRIPTIONS = {
     'client_update': 'The device\'s round: SAM gradients at the received '
     'global weights, local Adam step on the user embedding; returns the upload '
     '(update, weight, dropped, users, metrics) and the new device state.',
-    'server_update': 'Server Adam step on the aggregated update (skipped when no '
+    'server_update': 'Server optimizer step on the aggregated update (skipped when no '
     'client contributed); round number + 1.',
+    'distributor_next': 'The round\'s distributor: the global weights broadcast to the '
+    'devices (a tff.learning DistributionProcess).',
+    'client_work_next': 'The round\'s client work: client_update on every device, the '
+    'device states in and out; measures the means of the devices\' metrics.',
+    'aggregator_next': 'The round\'s aggregator: the tff.aggregators process over the '
+    'devices\' updates (the weighted mean, or DP / secure sums).',
+    'finalizer_next': 'The round\'s finalizer: the server optimizer step on '
+    '<update, contributing devices> (a tff.learning FinalizerProcess).',
     'mapreduce_round': 'The round with the device state read as part of the '
     'device input: (server_state@SERVER, device_input@CLIENTS) -> '
     '(server_state@SERVER, metrics@SERVER). Compiles into the forms.',
@@ -193,6 +201,7 @@ def _hyperparameters(
     work: client_update_lib.ClientWorkConfig,
     *,
     server_lr: float,
+    server_optimizer: str,
     init_seed: int,
     top_ks: tuple[int, ...],
 ) -> dict[str, Any]:
@@ -203,7 +212,7 @@ def _hyperparameters(
         'model': model,
         'num_global_params': model_config.num_global_params(),
         **dataclasses.asdict(work),
-        'server_optimizer': 'adam',
+        'server_optimizer': server_optimizer,
         'server_lr': server_lr,
         'server_adam_epsilon': fedrecgel.SERVER_ADAM_EPSILON,
         'local_optimizer': 'adam',
@@ -220,6 +229,7 @@ def build_deployment(
     model_config: neumf.ModelConfig,
     work: client_update_lib.ClientWorkConfig = client_update_lib.ClientWorkConfig(),
     server_lr: float = algorithm_config.SERVER.learning_rate,
+    server_optimizer: str = algorithm_config.SERVER.optimizer,
     init_seed: int = 0,
     top_ks: tuple[int, ...] = ranking.TOP_KS,
 ) -> Deployment:
@@ -228,7 +238,8 @@ def build_deployment(
     Args:
       model_config: The NeuMF sizes.
       work: What each device does (radii, local Adam, modes).
-      server_lr: Server Adam learning rate.
+      server_lr: The server optimizer's learning rate.
+      server_optimizer: A name of `algorithm_config.SERVER_OPTIMIZERS`.
       init_seed: Seed of the initial global weights.
       top_ks: Cut-offs of the federated evaluation.
 
@@ -245,7 +256,8 @@ def build_deployment(
         model_config=model_config,
         client_update=client_update_lib.build_client_update(
             model_config, work, single_user=True),
-        server_optimizer=fedrecgel.build_server_optimizer(server_lr), init_seed=init_seed)
+        server_optimizer=fedrecgel.build_server_optimizer(server_lr, server_optimizer),
+        init_seed=init_seed)
     if work.local_state == 'persistent':
         federated_eval = evaluation.build_federated_evaluation(
             model_config, top_ks=top_ks
@@ -325,7 +337,8 @@ def build_deployment(
         map_reduce_form=mrf,
         distribute_aggregate_form=daf,
         hyperparameters=_hyperparameters(
-            model_config, work, server_lr=server_lr, init_seed=init_seed,
+            model_config, work, server_lr=server_lr, server_optimizer=server_optimizer,
+            init_seed=init_seed,
             top_ks=tuple(top_ks),
         ),
         traffic=traffic,

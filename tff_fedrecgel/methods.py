@@ -43,6 +43,7 @@ class Method:
 
     Attributes:
       name: Its `--algorithm` name.
+      label: Its name in tables and figures.
       description: One line for help texts.
       rho_sh: The global radius it fixes (None: the task's or the flag's).
       rho_ns: The local radius it fixes (None: the task's or the flag's).
@@ -64,6 +65,7 @@ class Method:
     """
 
     name: str
+    label: str
     description: str
     rho_sh: float | None = None
     rho_ns: float | None = None
@@ -106,16 +108,16 @@ class Method:
 
 
 METHODS = {m.name: m for m in (
-    Method('fedrecgel', 'SAM on both parts with the task\'s radii (the paper\'s method)'),
-    Method('fedncf', 'no SAM (the FedNCF baseline)', rho_sh=0.0, rho_ns=0.0),
-    Method('sam_global', 'SAM on the global part only (ablation)', rho_ns=0.0),
-    Method('sam_local', 'SAM on the local part only (ablation)', rho_sh=0.0),
-    Method('fedmf', 'the GMF-only model without SAM (the FedMF baseline)',
+    Method('fedrecgel', 'FedRecGEL', 'SAM on both parts with the task\'s radii (the paper\'s method)'),
+    Method('fedncf', 'FedNCF', 'no SAM (the FedNCF baseline)', rho_sh=0.0, rho_ns=0.0),
+    Method('sam_global', 'SAM global only', 'SAM on the global part only (ablation)', rho_ns=0.0),
+    Method('sam_local', 'SAM local only', 'SAM on the local part only (ablation)', rho_sh=0.0),
+    Method('fedmf', 'FedMF', 'the GMF-only model without SAM (the FedMF baseline)',
            rho_sh=0.0, rho_ns=0.0, gmf_only=True),
-    Method('fedsam', 'FedSAM: local epochs of SAM steps on the shared part, uploading '
+    Method('fedsam', 'FedSAM', 'FedSAM: local epochs of SAM steps on the shared part, uploading '
            'its change (radius 0.05 unless given; the user embedding by plain Adam)',
            fixes={'update': 'model_delta'}, default_radii=(0.05, 0.0)),
-    Method('fedrecon', 'TFF\'s Federated Reconstruction (build_fed_recon) on the same '
+    Method('fedrecon', 'FedRecon', 'TFF\'s Federated Reconstruction (build_fed_recon) on the same '
            'NeuMF: no user state, embeddings rebuilt every round',
            rho_sh=0.0, rho_ns=0.0, algorithm=FEDRECON,
            builder='tff_fedrecgel.simulation.fedrecon_adapter:build',
@@ -124,11 +126,11 @@ METHODS = {m.name: m for m in (
            fixes={'local_state': 'reconstruct', 'loss_reduction': 'mean'},
            note='TFF\'s FedRecon: mean loss, no user state', private=False,
            exports=False, tunable=False),
-    Method('itempop', 'item popularity counted federatedly, no model (the floor)',
+    Method('itempop', 'popularity', 'item popularity counted federatedly, no model (the floor)',
            rho_sh=0.0, rho_ns=0.0, algorithm=ITEMPOP,
            builder='tff_fedrecgel.simulation.baseline_adapters:build_itempop',
            takes=frozenset(), exports=False, tunable=False),
-    Method('central', 'the same NeuMF trained centrally on the pooled data with Keras, '
+    Method('central', 'central NeuMF', 'the same NeuMF trained centrally on the pooled data with Keras, '
            'a round = an epoch (the non-federated ceiling, not a federated method)',
            rho_sh=0.0, rho_ns=0.0, algorithm=CENTRAL,
            builder='tff_fedrecgel.simulation.baseline_adapters:build_central',
