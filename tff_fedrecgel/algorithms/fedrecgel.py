@@ -186,11 +186,6 @@ def _build_client_work(client_update: client_update_lib.ClientUpdate,
                                       client_update.data_type)
 
 
-@tff.tensorflow.computation(np.int32, np.int32)
-def _contributing(users, dropped):
-    return users - dropped
-
-
 @tff.tensorflow.computation(np.int32)
 def _next_round(round_num):
     return round_num + 1
@@ -299,7 +294,7 @@ def compose_round(
         else:
             aggregated = aggregator.next(server_state.aggregator_state, outputs.update)
         contributing = tff.federated_sum(
-            tff.federated_map(_contributing, (outputs.users, outputs.dropped)))
+            tff.federated_map(round_parts.contributing_users, (outputs.users, outputs.dropped)))
         finalized = finalizer.next(
             server_state.optimizer_state, server_state.global_weights,
             tff.federated_zip(collections.OrderedDict(update=aggregated.result,

@@ -114,11 +114,10 @@ def build_model_client_update(model_fn: ModelFn, work: client_update_lib.ClientW
     Raises:
       ValueError: As `model_specs`.
     """
-    global_specs, local_specs, input_spec = model_specs(model_fn)
+    _, local_specs, input_spec = model_specs(model_fn)
     state_spec = client_update_lib.ClientState(
         local_weights=local_specs, adam_step=tf.TensorSpec([], tf.int32),
         adam_m=list(local_specs), adam_v=list(local_specs))
-    del global_specs
 
     def weighted_loss(model, batch):
         output = model.forward_pass(batch, training=True)

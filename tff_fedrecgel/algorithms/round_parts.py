@@ -52,7 +52,8 @@ def round_metrics(mean_of: Callable[[str], Any], *, clients: Any, dropped_client
 
 
 @tff.tensorflow.computation(np.int32, np.int32)
-def _contributing(users, dropped):
+def contributing_users(users, dropped):
+    """The users of a client whose update counts (not dropped)."""
     return users - dropped
 
 
@@ -91,7 +92,7 @@ def build_client_work_process(client_work: tff.Computation, *, global_type: tff.
 
     def run(state, args):
         outputs = tff.federated_map(client_work, args)
-        contributing = tff.federated_map(_contributing, (outputs.users, outputs.dropped))
+        contributing = tff.federated_map(contributing_users, (outputs.users, outputs.dropped))
         means = tff.federated_mean(outputs.metrics,
                                    weight=tff.federated_map(_as_float, contributing))
         return tff.templates.MeasuredProcessOutput(state=state, result=outputs,
