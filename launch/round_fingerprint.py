@@ -11,7 +11,8 @@ after it (two checkouts, or two commits) and comparing::
 Each mode (persistent or reconstruct user state, gradient or model-delta
 upload, vectorized or one user per TFF client) trains --rounds rounds of
 FedRecGEL (radii 0.05) from seed 0; the record keeps the global weights,
-every user's embedding and the last round's metrics. The comparison prints
+every user's embedding and the last round's metrics; one more mode runs
+user-level DP's aggregator (clipping, no noise, one user per client). The comparison prints
 each mode's largest absolute difference and whether it is bit-identical.
 """
 
@@ -48,7 +49,11 @@ MODES = {
                                         local_epochs=2),
     'reconstruct_delta_per_user': dict(simulation='per_user', local_state='reconstruct',
                                        update='model_delta'),
+    # User-level DP's aggregator, clipping without noise so the record is
+    # deterministic (the noise is TFF's own random draw).
+    'dp_clip_gradient_per_user': dict(simulation='per_user', dp_clip=0.01),
 }
+_MODES = flags.DEFINE_multi_enum('modes', list(MODES), list(MODES), 'Modes to record.')
 
 
 def _record(out: pathlib.Path) -> None:
@@ -60,10 +65,18 @@ def _record(out: pathlib.Path) -> None:
     for name in _DATASETS.value:
         split = tasks.get_task(name).load_split(
             data_dir=os.path.join(_DATASETS_DIR.value, name), validation=False)
-        for mode, options in MODES.items():
+        for mode in _MODES.value:
+            options = dict(MODES[mode])
+            dp_clip = options.pop('dp_clip', None)
             settings = run_settings.settings(name, preset='paper', total_rounds=_ROUNDS.value,
                                              rho_sh=0.05, rho_ns=0.05, **options)
-            simulation = settings.build_simulation(split)
+            aggregator = None
+            if dp_clip is not None:
+                from tff_fedrecgel import privacy  # pylint: disable=g-import-not-at-top
+                aggregator = privacy.build_dp_aggregator(
+                    noise_multiplier=0.0, clip=dp_clip,
+                    clients_per_round=settings.cohort(split.num_users))
+            simulation = settings.build_simulation(split, model_aggregator=aggregator)
             simulation.initialize()
             last = [simulation.run_round() for _ in range(_ROUNDS.value)][-1]
             arrays = simulation.algorithm.global_weights + list(
@@ -78,6 +91,9 @@ def _record(out: pathlib.Path) -> None:
 def _compare(old: pathlib.Path, new: pathlib.Path) -> int:
     worst, identical = 0.0, True
     for path in sorted(new.glob('*.npz')):
+        if not (old / path.name).is_file():
+            print(f'{path.stem}: not in {old}')
+            continue
         a, b = np.load(old / path.name), np.load(path)
         diff = max((float(np.max(np.abs(a[k] - b[k]))) for k in a.files if a[k].size),
                    default=0.0)
@@ -85,7 +101,8 @@ def _compare(old: pathlib.Path, new: pathlib.Path) -> int:
         worst, identical = max(worst, diff), identical and same
         print(f'{path.stem}: max |diff| {diff:.3g}{", bit-identical" if same else ""}')
     old_m, new_m = (json.loads((d / 'metrics.json').read_text()) for d in (old, new))
-    metric_diff = max(abs(old_m[k][m] - new_m[k][m]) for k in new_m for m in new_m[k])
+    metric_diff = max((abs(old_m[k][m] - new_m[k][m]) for k in new_m if k in old_m
+                       for m in new_m[k]), default=0.0)
     print(f'weights and user states: max |diff| {worst:.3g}; metrics: max |diff| '
           f'{metric_diff:.3g}; {"bit-identical" if identical else "not bit-identical"}')
     return 0

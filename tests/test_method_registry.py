@@ -81,6 +81,7 @@ def test_a_new_method_trains_and_evaluates_from_its_registration(registered):
     ('fedrecgel', []),
     ('fedmf', []),
     ('fedsam', ['update']),
+    ('fedasam', ['update']),
     ('fedrecon', ['server_optimizer', 'local_state', 'loss_reduction', 'update',
                   'local_epochs', 'client_lr', 'client_weighting', 'sharpness_probe',
                   'workers']),
@@ -125,6 +126,25 @@ def test_fedsam_is_the_round_with_local_sam_epochs_uploading_the_change():
         weights.append(simulation.algorithm.global_weights)
     for a, b in zip(*weights):
         np.testing.assert_array_equal(a, b)
+
+
+def test_fedasam_is_fedsam_with_adaptive_sam():
+    settings = run_settings.settings('filmtrust', algorithm='fedasam', preset='paper')
+    work = settings.client_work()
+    assert (work.update, work.rho_sh, work.rho_ns, work.sam_eta) == (
+        'model_delta', 0.7, 0.0, 0.2)
+    assert run_settings.settings('filmtrust', algorithm='fedsam').client_work().sam_eta is None
+    split = preprocess.build_split(synthetic.generate_synthetic(
+        num_users=30, num_items=60, mean_interactions=8, seed=0), num_negatives=20)
+    weights = []
+    for algorithm in ('fedasam', 'fedsam'):
+        simulation = run_settings.settings(
+            'synthetic', algorithm=algorithm, preset='paper', rho_sh=0.7).build_simulation(split)
+        simulation.initialize()
+        simulation.run_round()
+        weights.append(simulation.algorithm.global_weights)
+    assert all(np.all(np.isfinite(w)) for w in weights[0])
+    assert not all(np.allclose(a, b) for a, b in zip(*weights))  # The adaptive step.
 
 
 @pytest.mark.parametrize('name', list(methods.METHODS))

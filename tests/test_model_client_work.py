@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_fedrecgel import algorithm_config
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.algorithms import fedrecgel
 from tff_fedrecgel.algorithms import model_client_work
@@ -25,8 +26,8 @@ from tff_fedrecgel.models import neumf
 
 CONFIG = neumf.ModelConfig(num_items=20, gmf_dim=4, mlp_dim=8, mlp_layers=(8, 4))
 ATOL = 1e-5
-MODES = [(state, update) for state in client_update.LOCAL_STATES
-         for update in client_update.UPDATE_MODES]
+MODES = [(state, update) for state in algorithm_config.LOCAL_STATES
+         for update in algorithm_config.UPDATE_MODES]
 
 
 def _work(local_state, update, **overrides):
@@ -74,6 +75,25 @@ def test_neumf_as_a_reconstruction_model_gives_the_fast_paths_update(local_state
     _assert_close(ours, theirs)
 
 
+@pytest.mark.parametrize('update', algorithm_config.UPDATE_MODES)
+def test_adaptive_sam_is_the_same_on_both_paths_and_not_plain_sam(update):
+    """FedASAM's client work (ASAM on the global part) through either form."""
+    work = _work('persistent', update, rho_sh=0.7, rho_ns=0.0, sam_eta=0.2)
+    model_fn = functools.partial(neumf.build_reconstruction_model, CONFIG, seed=0)
+    weights, state, items, labels = _inputs(2)
+    batch = collections.OrderedDict(items=items, labels=labels)
+    ours = model_client_work.build_model_client_update(model_fn, work).fn(
+        weights, state, (items, labels))
+    theirs = client_update.build_client_update(CONFIG, work, single_user=True).fn(
+        weights, state, batch)
+    _assert_close(ours, theirs)
+    plain = client_update.build_client_update(
+        CONFIG, dataclasses.replace(work, sam_eta=None), single_user=True).fn(
+            weights, state, batch)
+    assert not np.allclose(np.asarray(plain['update'][0]), np.asarray(theirs['update'][0]),
+                           atol=1e-6)
+
+
 def test_three_rounds_of_the_composed_process_match_the_fast_path():
     work = _work('persistent', 'gradient')
     model_fn = functools.partial(neumf.build_reconstruction_model, CONFIG, seed=3)
@@ -117,7 +137,7 @@ def doc_example(tmp_path_factory):
     return runpy.run_path(str(script))
 
 
-@pytest.mark.parametrize('local_state', client_update.LOCAL_STATES)
+@pytest.mark.parametrize('local_state', algorithm_config.LOCAL_STATES)
 def test_the_docs_biased_matrix_factorization_learns(doc_example, local_state):
     model_fn, user_batch = doc_example['biased_mf'], doc_example['user_batch']
     process = doc_example['process']

@@ -58,14 +58,20 @@ def _ref_grad(params):
     return [g.numpy() for g in tape.gradient(loss, params)], loss.numpy()
 
 
-def _ref_sam(values, rho_sh, rho_ns):
-    """Steps 4-6 of docs/ALGORITHM.md: (global grads, local grads, loss, perturbed losses)."""
+def _ref_sam(values, rho_sh, rho_ns, eta=None):
+    """Steps 4-6 of docs/ALGORITHM.md: (global grads, local grads, loss, perturbed losses).
+
+    With `eta`, the global step is ASAM's: T = |w| + eta on the table and the
+    kernel (1 on the bias), e = rho T^2 g / (||T g|| + epsilon).
+    """
     theta = [np.asarray(values[k], np.float64)
              for k in ('table', 'kernel', 'bias', 'user')]
     grads, loss = _ref_grad(theta)
     g_sh, g_ns = grads[:3], grads[3:]
-    norm_sh = np.sqrt(sum(np.sum(g ** 2) for g in g_sh))
-    e_sh = [rho_sh * g / (norm_sh + EPSILON) for g in g_sh]
+    t_sh = [np.ones_like(t) if eta is None or t.ndim < 2 else np.abs(t) + eta
+            for t in theta[:3]]
+    norm_sh = np.sqrt(sum(np.sum((t * g) ** 2) for t, g in zip(t_sh, g_sh)))
+    e_sh = [rho_sh * t * t * g / (norm_sh + EPSILON) for t, g in zip(t_sh, g_sh)]
     grads_sh, loss_sh = _ref_grad(
         [t + e for t, e in zip(theta[:3], e_sh)] + theta[3:])
     norm_ns = np.sqrt(sum(np.sum(g ** 2) for g in g_ns))
@@ -487,9 +493,9 @@ def test_client_update_runs_the_optimizer(monkeypatch):
     calls = []
     original = sam.SharpnessAwareMinimization.sam_gradients_at
 
-    def spy(self, loss_fn, point, *, segments=None):
+    def spy(self, loss_fn, point, *, segments=None, scaled=None):
         calls.append((dict(self.rho), sorted(point), segments.count))
-        return original(self, loss_fn, point, segments=segments)
+        return original(self, loss_fn, point, segments=segments, scaled=scaled)
 
     monkeypatch.setattr(sam.SharpnessAwareMinimization, 'sam_gradients_at', spy)
     config = neumf.ModelConfig(num_items=10, gmf_dim=2, mlp_dim=4, mlp_layers=(4, 2))
@@ -567,3 +573,50 @@ def test_api_doc_example_runs_and_is_sam(tmp_path):
     # SAM, not plain SGD: the two uploads differ.
     assert max(np.abs(u - (a - p.numpy())).max()
                for u, a, p in zip(result.update, initial_weights, plain)) > 1e-4
+
+
+ETA = 0.2
+
+
+@pytest.mark.parametrize('rho_sh,rho_ns', [(0.7, 0.0), (0.3, 0.5)])
+def test_adaptive_group_matches_asam_reference(rho_sh, rho_ns):
+    """ASAM's step on the global group, on tensors and on variables (sparse rows)."""
+    values = _initial_values()
+    optimizer = sam.SharpnessAwareMinimization(rho={'global': rho_sh, 'local': rho_ns},
+                                               adaptive_eta={'global': ETA})
+    scaled = {'global': [True, True, False]}
+    ref_sh, ref_ns, _, (ref_loss_sh, _) = _ref_sam(values, rho_sh, rho_ns, eta=ETA)
+    plain_sh = _ref_sam(values, rho_sh, rho_ns)[0]
+    assert not np.allclose(ref_sh[1], plain_sh[1], rtol=1e-4)  # ASAM moves elsewhere.
+    on_tensors = optimizer.sam_gradients_at(_point_loss, _point(values), scaled=scaled)
+    model = _Model(values)
+    on_variables = optimizer.sam_gradients(model.loss, model.groups(), scaled=scaled)
+    for result in (on_tensors, on_variables):
+        _assert_close(_dense(result.gradients['global']), ref_sh)
+        _assert_close(_dense(result.gradients['local']), ref_ns)
+        np.testing.assert_allclose(result.perturbed_losses['global'].numpy(), ref_loss_sh,
+                                   rtol=1e-6)
+    _assert_close(list(model.values().values()), list(values.values()))  # Restored.
+
+
+def test_adaptive_norm_per_segment_equals_each_problem_alone():
+    per_segment = _segment_values()
+    optimizer = sam.SharpnessAwareMinimization(rho={'global': 0.7, 'local': 0.0},
+                                               adaptive_eta={'global': ETA})
+    result = optimizer.sam_gradients_at(
+        lambda p: _segment_losses(*p['global'], *p['local']),
+        {'global': [tf.constant(v) for k, v in _stacked(per_segment).items() if k != 'user'],
+         'local': [tf.constant(_stacked(per_segment)['user'])]},
+        segments=sam.NormSegments(SEGMENTS, ROW_IDS), scaled={'global': [True, True, False]})
+    stacked_sh = _dense(result.gradients['global'])
+    for s, values in enumerate(per_segment):
+        ref_sh = _ref_sam(values, 0.7, 0.0, eta=ETA)[0]
+        rows = slice(s * NUM_ROWS, (s + 1) * NUM_ROWS)
+        _assert_close([stacked_sh[0][rows], stacked_sh[1][s], stacked_sh[2][s]], ref_sh)
+
+
+def test_adaptive_eta_refuses_unknown_group_and_negative():
+    with pytest.raises(ValueError, match='without a radius'):
+        sam.SharpnessAwareMinimization(rho={'global': 0.1}, adaptive_eta={'local': 0.1})
+    with pytest.raises(ValueError, match='>= 0'):
+        sam.SharpnessAwareMinimization(rho={'global': 0.1}, adaptive_eta={'global': -1.0})

@@ -46,6 +46,8 @@ class ClientWorkConfig:
       client_lr: SGD learning rate of the global part in 'model_delta' mode.
       client_weighting: 'uniform' (the authors' unweighted mean) or
         'num_examples'.
+      sam_eta: ASAM's eta for the global part (its perturbation scaled by
+        `|w| + eta` on the weight matrices and embeddings); None: plain SAM.
     """
 
     rho_sh: float = 0.0
@@ -59,6 +61,7 @@ class ClientWorkConfig:
     local_epochs: int = 1
     client_lr: float = 0.01
     client_weighting: str = 'uniform'
+    sam_eta: float | None = None
 
     def __post_init__(self):
         for name, value, allowed in (
@@ -76,6 +79,8 @@ class ClientWorkConfig:
             if not 0 < getattr(self, name) < float('inf'):
                 raise ValueError(f'{name} must be positive and finite, got '
                                  f'{getattr(self, name)}')
+        if self.sam_eta is not None and not 0 <= self.sam_eta < float('inf'):
+            raise ValueError(f'sam_eta must be >= 0 and finite, got {self.sam_eta}')
         if self.chunk_size < 1 or self.local_epochs < 1 or self.reconstruction_steps < 1:
             raise ValueError('chunk_size, local_epochs and reconstruction_steps '
                              'must be positive')

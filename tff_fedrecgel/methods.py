@@ -62,6 +62,8 @@ class Method:
       tunable: Whether `launch/tune.py` searches its settings.
       default_radii: `(rho_sh, rho_ns)` it uses instead of the task's when
         none is given (None: the task's).
+      sam_eta: ASAM's eta of its client work (the global part's perturbation
+        relative to the weights' size); None: plain SAM.
     """
 
     name: str
@@ -79,6 +81,7 @@ class Method:
     exports: bool = True
     tunable: bool = True
     default_radii: tuple[float, float] | None = None
+    sam_eta: float | None = None
 
     def radii(self, rho_sh: float, rho_ns: float) -> tuple[float, float]:
         """The radii a run uses, given the task's (or the flags') radii.
@@ -117,6 +120,10 @@ METHODS = {m.name: m for m in (
     Method('fedsam', 'FedSAM', 'FedSAM: local epochs of SAM steps on the shared part, uploading '
            'its change (radius 0.05 unless given; the user embedding by plain Adam)',
            fixes={'update': 'model_delta'}, default_radii=(0.05, 0.0)),
+    # The FedSAM authors' CIFAR-10 settings for FedASAM: rho 0.7, eta 0.2.
+    Method('fedasam', 'FedASAM', 'FedASAM: FedSAM with adaptive SAM (the step scaled by '
+           '|w| + 0.2 on weight matrices and embeddings; radius 0.7 unless given)',
+           fixes={'update': 'model_delta'}, default_radii=(0.7, 0.0), sam_eta=0.2),
     Method('fedrecon', 'FedRecon', 'TFF\'s Federated Reconstruction (build_fed_recon) on the same '
            'NeuMF: no user state, embeddings rebuilt every round',
            rho_sh=0.0, rho_ns=0.0, algorithm=FEDRECON,

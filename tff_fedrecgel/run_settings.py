@@ -306,11 +306,10 @@ class Settings:
             raise DataError(f'unusable recorded settings: {e}') from None
 
     def client_work(self):
-        """The `algorithms.ClientWorkConfig` of these settings (same names)."""
-        from tff_fedrecgel.algorithms import client_update  # pylint: disable=g-import-not-at-top
-
-        config = client_update.ClientWorkConfig
-        return config(**{f.name: getattr(self, f.name) for f in dataclasses.fields(config)
+        """The `ClientWorkConfig` of these settings (same names) and of the method."""
+        config = algorithm_config.ClientWorkConfig
+        return config(sam_eta=methods.get_method(self.algorithm).sam_eta,
+                      **{f.name: getattr(self, f.name) for f in dataclasses.fields(config)
                          if hasattr(self, f.name)})
 
     def cohort(self, num_users: int) -> int:

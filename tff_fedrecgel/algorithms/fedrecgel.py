@@ -33,6 +33,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedrecgel import algorithm_config
+from tff_fedrecgel.algorithms import client_steps
 from tff_fedrecgel.algorithms import client_update as client_update_lib
 from tff_fedrecgel.algorithms import local_training
 from tff_fedrecgel.algorithms import model_client_work
@@ -66,7 +67,7 @@ class ServerState(NamedTuple):
     distributor_state: Any = ()
     client_work_state: Any = ()
 
-    __getitem__ = client_update_lib.item_or_field
+    __getitem__ = client_steps.item_or_field
 
     def stored(self) -> 'StoredServerState':
         """The states with content, as checkpoints hold them."""
@@ -256,7 +257,7 @@ def compose_round(
         aggregator = model_aggregator.create(global_type, tff.TensorType(np.float32))
     else:
         aggregator = model_aggregator.create(global_type)
-    distributor = tff.learning.templates.build_broadcast_process(global_type)
+    distributor = round_parts.build_distributor(global_type)
     client_work = _build_client_work(client_update, global_type)
     persistent = client_update.state_type is not None
     client_work_process = round_parts.build_client_work_process(

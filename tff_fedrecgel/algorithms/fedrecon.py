@@ -4,7 +4,10 @@ The FedRecon baseline (Singhal et al., NeurIPS 2021) as TFF builds it:
 `tff.learning.algorithms.build_fed_recon` for training and
 `build_fed_recon_eval` for evaluation, on the same NeuMF split into global
 layers (item embeddings, tower, prediction) and local layers (the user's
-embedding rows) that FedRecGEL uses. Nothing of a user persists between
+embedding rows) that FedRecGEL uses. TFF composes that round from a
+distributor, a client work, an aggregator and a finalizer, the shape of
+FedRecGEL's round, and its distributor is FedRecGEL's
+(`round_parts.build_distributor`). Nothing of a user persists between
 rounds: each round the user embedding restarts from zeros, takes
 `reconstruction_steps` Adam steps on the user's batch with the global weights
 frozen, and then the global weights take one SGD step of rate 1 on the same
@@ -32,6 +35,7 @@ from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import ranking
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.algorithms import local_training
+from tff_fedrecgel.algorithms import round_parts
 from tff_fedrecgel.models import neumf
 
 _WORK = algorithm_config.CLIENT_WORK
@@ -174,6 +178,16 @@ def _reconstruction_optimizer(local_lr: float):
         learning_rate=local_lr, epsilon=local_training.ADAM_EPSILON)
 
 
+def _distributor(model_fn) -> tff.learning.templates.DistributionProcess:
+    """FedRecGEL's distributor (`round_parts.build_distributor`) for the model's weights."""
+
+    @tff.tensorflow.computation
+    def global_weights():
+        return tff.learning.models.ReconstructionModel.get_global_variables(model_fn())
+
+    return round_parts.build_distributor(global_weights.type_signature.result)
+
+
 def _check(reconstruction_steps: int, local_lr: float) -> None:
     if reconstruction_steps < 1:
         raise ValueError(f'reconstruction_steps must be >= 1, got {reconstruction_steps}')
@@ -230,8 +244,9 @@ def build_fedrecon_process(
         if group_size < 1 or not clients_per_round or clients_per_round < 1:
             raise ValueError('group_size and clients_per_round must be positive')
         scale = [1.0, 1.0 / clients_per_round]  # Per target column.
+        model_fn = _group_model_fn(model_config, init_seed, group_size)
         return tff.learning.algorithms.build_fed_recon(
-            model_fn=_group_model_fn(model_config, init_seed, group_size),
+            model_fn=model_fn,
             loss_fn=WeightedBinaryCrossentropy,
             server_optimizer_fn=server_optimizer,
             client_optimizer_fn=tff.learning.optimizers.build_sgdm(learning_rate=1.0),
@@ -240,10 +255,12 @@ def build_fedrecon_process(
                 data.repeat(reconstruction_steps),
                 data.map(lambda x, y: (x, y * scale))),
             client_weighting=tff.learning.ClientWeighting.UNIFORM,
+            model_distributor=_distributor(model_fn),
             model_aggregator_factory=tff.aggregators.SumFactory(),
         )
+    model_fn = _model_fn(model_config, init_seed)
     return tff.learning.algorithms.build_fed_recon(
-        model_fn=_model_fn(model_config, init_seed),
+        model_fn=model_fn,
         loss_fn=_loss_fn,
         server_optimizer_fn=server_optimizer,
         # One step of rate 1 on the whole batch: the upload is the gradient.
@@ -251,6 +268,7 @@ def build_fedrecon_process(
         reconstruction_optimizer_fn=_reconstruction_optimizer(local_lr),
         dataset_split_fn=lambda data: (data.repeat(reconstruction_steps), data),
         client_weighting=tff.learning.ClientWeighting.UNIFORM,
+        model_distributor=_distributor(model_fn),
     )
 
 

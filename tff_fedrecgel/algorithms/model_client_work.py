@@ -3,19 +3,11 @@
 The model is TFF's own `tff.learning.models.ReconstructionModel`: its global
 variables are what the server aggregates, its local variables are the user's
 (persistent state, or rebuilt every round in reconstruct mode). One TFF
-client is one user, the deployable form. Per round, on the user's batch
-(docs/ALGORITHM.md, steps 3-8):
-
-1. the SAM gradients of both parts by the Keras SAM optimizer
-   (`SharpnessAwareMinimization.sam_gradients` on the model's variables:
-   group 'global' at rho_sh, group 'local' at rho_ns);
-2. one step of the user's local Adam on the local part;
-3. the upload: the global part's SAM gradient ('gradient') or, after
-   `local_epochs` epochs of such steps over minibatches with SGD on the
-   global part, the change of the global part ('model_delta').
-
-The output has the structure of `client_update.ClientUpdate`, so the round
-(`fedrecgel.build_fedrecgel_process`) treats both client works alike. For
+client is one user, the deployable form. The steps of the update are
+`client_steps.group_update`'s (the same function the NeuMF group form runs);
+what this module adds is how a model's loss and SAM gradients are taken
+(`_ModelUser`): on the model's own variables, by the Keras SAM optimizer's
+`sam_gradients` (group 'global' at rho_sh, group 'local' at rho_ns). For
 NeuMF, `client_update.build_client_update` computes the same numbers over a
 group of users at once (the simulation's fast path); tests hold the two equal.
 """
@@ -29,7 +21,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedrecgel.algorithms import client_update as client_update_lib
+from tff_fedrecgel.algorithm_config import ClientWorkConfig
+from tff_fedrecgel.algorithms import client_steps
 from tff_fedrecgel.algorithms import local_training
 
 ModelFn = Callable[[], tff.learning.models.ReconstructionModel]
@@ -71,14 +64,14 @@ def initial_global_weights(model_fn: ModelFn) -> list[tf.Tensor]:
     return [tf.identity(v) for v in model_fn().global_trainable_variables]
 
 
-def initial_client_state(model_fn: ModelFn) -> client_update_lib.ClientState:
+def initial_client_state(model_fn: ModelFn) -> client_steps.ClientState:
     """A new user's state: a fresh model's local weights, zero Adam state.
 
     Returns:
       A `client_update.ClientState` of numpy arrays (call eagerly).
     """
     local = [v.numpy() for v in model_fn().local_trainable_variables]
-    return client_update_lib.ClientState(
+    return client_steps.ClientState(
         local_weights=local, adam_step=np.int32(0),
         adam_m=[np.zeros_like(w) for w in local], adam_v=[np.zeros_like(w) for w in local])
 
@@ -87,13 +80,66 @@ def _dense(gradients) -> list[tf.Tensor]:
     return [tf.convert_to_tensor(g) for g in gradients]
 
 
-def _all_finite(tensors) -> tf.Tensor:
-    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
+class _ModelUser:
+    """One user of a `ReconstructionModel` as the group of one (`client_steps.UserGroup`).
+
+    The point and the local part carry a leading axis of 1; the loss is the
+    model's, evaluated on its variables after the point is written into them.
+    """
+
+    def __init__(self, model, example_loss, work, data):
+        self._model = model
+        self._example_loss = example_loss
+        self._work = work
+        self._data = tf.nest.map_structure(tf.convert_to_tensor, data)
+        self._global = list(model.global_trainable_variables)
+        self._local = list(model.local_trainable_variables)
+        num_examples = tf.shape(tf.nest.flatten(self._data)[0])[0]
+        self.num_users = tf.constant(1)
+        self.lengths = num_examples[tf.newaxis]
+        self.max_length = num_examples
+        self.rows = [None] * len(self._global)
+
+    def _loss(self, part):
+        batch = tf.nest.map_structure(lambda t: t[part.start:part.end], self._data)
+        output = self._model.forward_pass(batch, training=True)
+        losses = self._example_loss(output.labels, output.predictions)
+        return tf.reduce_sum(losses * part.weights[0])[tf.newaxis]
+
+    def _write(self, variables, values):
+        for var, value in zip(variables, values):
+            var.assign(value[0])
+
+    def point(self, global_weights):
+        return [w[tf.newaxis] for w in global_weights]
+
+    def sam(self, optimizer, point, local, part):
+        self._write(self._global, point)
+        self._write(self._local, local)
+        result = optimizer.sam_gradients(
+            lambda: self._loss(part), {'global': self._global, 'local': self._local},
+            scaled=client_steps.asam_scaled([v.shape for v in self._global]))
+        return result._replace(gradients={
+            name: [g[tf.newaxis] for g in _dense(grads)]
+            for name, grads in result.gradients.items()})
+
+    def reconstruct(self, global_weights, weights):
+        self._write(self._global, self.point(global_weights))
+        local = [tf.zeros_like(v)[tf.newaxis] for v in self._local]
+        adam = local_training.initial_adam_state(local)
+        whole = client_steps.Part(0, self.max_length, weights)
+        for _ in range(self._work.reconstruction_steps):
+            self._write(self._local, local)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(self._loss(whole))
+            grads = [g[tf.newaxis] for g in _dense(tape.gradient(loss, self._local))]
+            adam, local = local_training.adam_step(adam, local, grads, self._work.local_lr)
+        return local, adam
 
 
-def build_model_client_update(model_fn: ModelFn, work: client_update_lib.ClientWorkConfig,
+def build_model_client_update(model_fn: ModelFn, work: ClientWorkConfig,
                               *, example_loss: ExampleLoss = sigmoid_cross_entropy
-                              ) -> client_update_lib.ClientUpdate:
+                              ) -> client_steps.ClientUpdate:
     """Builds the one-user client update of any `ReconstructionModel`.
 
     Args:
@@ -106,7 +152,7 @@ def build_model_client_update(model_fn: ModelFn, work: client_update_lib.ClientW
         batch; `work.loss_reduction` weighs them into the user's loss.
 
     Returns:
-      A `client_update.ClientUpdate` with `single_user=True`: state
+      A `client_steps.ClientUpdate` with `single_user=True`: state
       `ClientState(local_weights, adam_step [], adam_m, adam_v)` shaped like
       the model's local variables, data one batch of the model's
       `input_spec` (all the user's examples of the round).
@@ -115,117 +161,28 @@ def build_model_client_update(model_fn: ModelFn, work: client_update_lib.ClientW
       ValueError: As `model_specs`.
     """
     _, local_specs, input_spec = model_specs(model_fn)
-    state_spec = client_update_lib.ClientState(
+    state_spec = client_steps.ClientState(
         local_weights=local_specs, adam_step=tf.TensorSpec([], tf.int32),
         adam_m=list(local_specs), adam_v=list(local_specs))
 
-    def weighted_loss(model, batch):
-        output = model.forward_pass(batch, training=True)
-        losses = example_loss(output.labels, output.predictions)
-        n = tf.size(losses)
-        weights = local_training.example_weights(
-            n[tf.newaxis], n, loss_reduction=work.loss_reduction,
-            chunk_size=work.chunk_size)[0]
-        return tf.reduce_sum(losses * weights), output.num_examples
-
     def fn(global_weights, state, data):
         model = model_fn()
-        optimizer = client_update_lib.build_sam_optimizer(work)
-        global_vars = list(model.global_trainable_variables)
-        local_vars = list(model.local_trainable_variables)
-        groups = {'global': global_vars, 'local': local_vars}
-
-        def sam_step(batch):
-            result = optimizer.sam_gradients(lambda: weighted_loss(model, batch)[0], groups)
-            return (result.loss, result.perturbed_losses['global'],
-                    result.perturbed_losses['local'], _dense(result.gradients['global']),
-                    _dense(result.gradients['local']))
-
-        def adam_on_local(adam, grads):
-            adam, new_local = local_training.adam_step(
-                adam, [v.read_value() for v in local_vars], grads, work.local_lr)
-            for var, value in zip(local_vars, new_local):
-                var.assign(value)
-            return adam
-
-        def reconstruct(batch):
-            for var in local_vars:
-                var.assign(tf.zeros_like(var))
-            adam = local_training.AdamState(
-                tf.constant(0), [tf.zeros_like(v) for v in local_vars],
-                [tf.zeros_like(v) for v in local_vars])
-            for _ in range(work.reconstruction_steps):
-                with tf.GradientTape() as tape:
-                    loss = weighted_loss(model, batch)[0]
-                adam = adam_on_local(adam, _dense(tape.gradient(loss, local_vars)))
-            return adam
-
-        def model_delta(batch, adam):
-            num_examples = tf.shape(tf.nest.flatten(batch)[0])[0]
-            chunks = (num_examples + work.chunk_size - 1) // work.chunk_size
-            totals = [tf.constant(0.0)] * 3
-            for _ in range(work.local_epochs):
-                for c in tf.range(chunks):
-                    start = c * work.chunk_size
-                    chunk = tf.nest.map_structure(
-                        lambda t, s=start: t[s:s + work.chunk_size], batch)
-                    loss, loss_sh, loss_ns, g_global, g_local = sam_step(chunk)
-                    for var, g in zip(global_vars, g_global):
-                        var.assign_sub(work.client_lr * g)
-                    adam = adam_on_local(adam, g_local)
-                    totals = [t + x for t, x in zip(totals, (loss, loss_sh, loss_ns))]
-            taken = tf.cast(tf.maximum(chunks * work.local_epochs, 1), tf.float32)
-            update = [w - v for w, v in zip(received, global_vars)]
-            return update, adam, [t / taken for t in totals]
-
-        received = [tf.convert_to_tensor(w) for w in global_weights]
-        data = tf.nest.map_structure(tf.convert_to_tensor, data)
+        optimizer = client_steps.build_sam_optimizer(work)
 
         @tf.function
         def run():
-            for var, value in zip(global_vars, received):
-                var.assign(value)
+            user = _ModelUser(model, example_loss, work, data)
+            group_state = (client_steps.as_group_of_one(state, add_axis=True)
+                           if work.persistent else None)
+            out = client_steps.group_update(user, work, optimizer, global_weights, group_state)
             if work.persistent:
-                old = client_update_lib.as_client_state(state)
-                for var, value in zip(local_vars, old.local_weights):
-                    var.assign(value)
-                adam = local_training.AdamState(old.adam_step, list(old.adam_m),
-                                                list(old.adam_v))
-            else:
-                adam = reconstruct(data)
-            num_examples = tf.shape(tf.nest.flatten(data)[0])[0]
-            if work.update == 'gradient':
-                loss, loss_sh, loss_ns, update, g_local = sam_step(data)
-                adam = adam_on_local(adam, g_local)
-            else:
-                update, adam, (loss, loss_sh, loss_ns) = model_delta(data, adam)
-            new_local = [v.read_value() for v in local_vars]
-            finite = _all_finite([loss, loss_sh, loss_ns] + update + new_local)
-            weight = (tf.constant(1.0) if work.client_weighting == 'uniform'
-                      else tf.cast(num_examples, tf.float32))
-            weight = tf.where(finite, weight, 0.0)
-            out = collections.OrderedDict(
-                update=[tf.reshape(tf.where(finite, u, tf.zeros_like(u)), w.shape)
-                        for u, w in zip(update, received)],
-                weight=weight, dropped=1 - tf.cast(finite, tf.int32),
-                users=tf.constant(1))
-            if work.persistent:
-                keep = lambda new, previous: tf.where(finite, new, previous)
-                out['client_state'] = client_update_lib.ClientState(
-                    [keep(n, o) for n, o in zip(new_local, old.local_weights)],
-                    keep(adam.step, old.adam_step),
-                    [keep(n, o) for n, o in zip(adam.m, old.adam_m)],
-                    [keep(n, o) for n, o in zip(adam.v, old.adam_v)])
-            zero = tf.constant(0.0)
-            out['metrics'] = collections.OrderedDict(zip(
-                client_update_lib.METRIC_NAMES,
-                [tf.where(finite, x, zero) for x in (
-                    loss, loss_sh, loss_ns, tf.cast(num_examples, tf.float32))]))
+                out['client_state'] = client_steps.as_device_state(out['client_state'],
+                                                                   drop_axis=True)
             return out
 
         return run()
 
-    return client_update_lib.ClientUpdate(
+    return client_steps.ClientUpdate(
         fn=fn,
         state_type=tff.types.tensorflow_to_type(state_spec) if work.persistent else None,
         data_type=tff.types.tensorflow_to_type(input_spec), work=work, single_user=True)

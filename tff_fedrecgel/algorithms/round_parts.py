@@ -3,8 +3,9 @@
 As TFF's own learning algorithms (`tff.learning.templates.compose_learning_process`),
 a round is
 
-  distributor   `tff.learning.templates.build_broadcast_process`: the global
-                weights to the clients;
+  distributor   `build_distributor`, TFF's broadcast process: the global
+                weights to the clients (FedRecon's `build_fed_recon` is
+                given the same one);
   client work   `build_client_work_process`: the client update over the
                 clients, carrying their CLIENTS-placed state in and out
                 (which TFF's `ClientWorkProcess` cannot), measuring the
@@ -49,6 +50,16 @@ def round_metrics(mean_of: Callable[[str], Any], *, clients: Any, dropped_client
         (name, mean_of(client_name)) for name, client_name in MEAN_METRICS.items())
     out.update(clients=clients, dropped_clients=dropped_clients, aggregation=aggregation)
     return out
+
+
+def build_distributor(weights_type: tff.Type) -> tff.learning.templates.DistributionProcess:
+    """The distributor: the server's weights broadcast to the clients, no state.
+
+    Args:
+      weights_type: The type of what is broadcast (the global weights, or
+        TFF's `ModelWeights` for `build_fed_recon`).
+    """
+    return tff.learning.templates.build_broadcast_process(weights_type)
 
 
 @tff.tensorflow.computation(np.int32, np.int32)

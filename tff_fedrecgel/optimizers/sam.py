@@ -10,6 +10,13 @@ the norm taken jointly over all the group's tensors. The groups are perturbed
 separately, never jointly, each from the unperturbed point. A group with a
 Python radius of 0 takes the plain gradient and costs no extra pass.
 
+A group may be adaptive (ASAM, Kwon et al., ICML 2021): with
+`T_w = |w| + eta` elementwise on its scaled tensors (1 on the others),
+
+    e_g = rho_g * T_w^2 grad_g L(w) / (||T_w grad_g L(w)|| + epsilon),
+
+so the radius is relative to each weight's size.
+
 `SharpnessAwareMinimization` runs these passes in two forms, with one
 implementation of the norm, the step e and the second gradient:
 
@@ -192,6 +199,22 @@ def _ascent_steps(pieces, scale: tf.Tensor, ids, count) -> list[tf.Tensor | None
     return steps
 
 
+def _times(piece: _Piece | None, factor: tf.Tensor | None) -> _Piece | None:
+    if piece is None or factor is None:
+        return piece
+    return _Piece(piece.values * factor, piece.indices)
+
+
+def _adaptive(pieces, weights, eta: float, scaled) -> list[tuple]:
+    """ASAM's `(T g, T)` per piece, with `T = |w| + eta` (None: not scaled)."""
+    scaled = [True] * len(pieces) if scaled is None else list(scaled)
+    out = []
+    for piece, weight, scale_it in zip(pieces, weights, scaled):
+        factor = tf.abs(weight) + eta if piece is not None and scale_it else None
+        out.append((_times(piece, factor), factor))
+    return out
+
+
 def _total(loss: tf.Tensor) -> tf.Tensor:
     """What is differentiated: the loss, or the sum of the segments' losses."""
     return loss if loss.shape.rank == 0 else tf.reduce_sum(loss)
@@ -224,6 +247,7 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
         rho: Mapping[str, Radius],
         base_optimizers: Mapping[str, tf.keras.optimizers.Optimizer] | None = None,
         epsilon: float = EPSILON,
+        adaptive_eta: Mapping[str, float] | None = None,
         name: str = 'SharpnessAwareMinimization',
     ):
         """Initializes the optimizer.
@@ -233,11 +257,13 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
             that group's extra pass; a tensor radius always runs it.
           base_optimizers: Optional optimizer per group, used by `minimize`.
           epsilon: Added to the gradient norm before dividing.
+          adaptive_eta: Optional, per group name: ASAM's eta, making that
+            group adaptive (its step scaled by `|w| + eta`).
           name: The optimizer's name.
 
         Raises:
-          ValueError: If a radius is negative, or `base_optimizers` names a group
-            that has no radius.
+          ValueError: If a radius or an eta is negative, or `base_optimizers`
+            or `adaptive_eta` names a group that has no radius.
         """
         super().__init__(name=name, jit_compile=False)
         for group, value in rho.items():
@@ -249,6 +275,12 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
         if unknown:
             raise ValueError(f'base optimizers for groups without a radius: {unknown}')
         self.epsilon = epsilon
+        self.adaptive_eta = {k: float(v) for k, v in (adaptive_eta or {}).items()}
+        if set(self.adaptive_eta) - set(self.rho):
+            raise ValueError('adaptive_eta for groups without a radius: '
+                             f'{set(self.adaptive_eta) - set(self.rho)}')
+        if any(v < 0 for v in self.adaptive_eta.values()):
+            raise ValueError(f'adaptive_eta must be >= 0, got {self.adaptive_eta}')
 
     def _check(self, groups: Mapping[str, Sequence], segments: NormSegments | None):
         missing = set(groups) - set(self.rho)
@@ -266,6 +298,7 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
         var_groups: Mapping[str, Sequence[tf.Variable]],
         *,
         segments: NormSegments | None = None,
+        scaled: Mapping[str, Sequence[bool]] | None = None,
     ) -> SamGradients:
         """Computes the SAM gradient of every group of variables (steps 4-6 (docs/ALGORITHM.md)).
 
@@ -275,6 +308,8 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
           var_groups: The variables of each group, by group name (every group
             needs a radius).
           segments: Optional: one norm per segment instead of one per group.
+          scaled: Optional, per adaptive group, which of its variables ASAM
+            scales (default: all).
 
         Returns:
           A `SamGradients`; embedding gradients stay IndexedSlices.
@@ -315,7 +350,11 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
                     var.scatter_update(tf.IndexedSlices(saved, indices))
             return moved_loss, list(grads)
 
-        return self._sam_passes(base, loss, gradient_at, segments)
+        def values(name, pieces):
+            return [tf.gather(var, piece.indices) if piece.indices is not None
+                    else var.read_value() for var, piece in zip(var_groups[name], pieces)]
+
+        return self._sam_passes(base, loss, gradient_at, segments, values, scaled)
 
     def sam_gradients_at(
         self,
@@ -323,6 +362,7 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
         point: Mapping[str, Sequence[tf.Tensor]],
         *,
         segments: NormSegments | None = None,
+        scaled: Mapping[str, Sequence[bool]] | None = None,
     ) -> SamGradients:
         """Computes the SAM gradient of every group of a point given as tensors.
 
@@ -336,6 +376,7 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
           point: The tensors of each group, by group name (every group needs a
             radius).
           segments: Optional: one norm per segment instead of one per group.
+          scaled: As `sam_gradients`.
 
         Returns:
           A `SamGradients` with dense gradients (zeros where the loss does not
@@ -363,9 +404,11 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
                 moved_total = _total(moved_loss)
             return moved_loss, _dense(tape.gradient(moved_total, moved), moved)
 
-        return self._sam_passes(base, loss, gradient_at, segments)
+        return self._sam_passes(base, loss, gradient_at, segments,
+                                lambda name, pieces: point[name], scaled)
 
-    def _sam_passes(self, base, loss, gradient_at, segments) -> SamGradients:
+    def _sam_passes(self, base, loss, gradient_at, segments, values_of=None,
+                    scaled=None) -> SamGradients:
         """The groups' SAM passes, each from the unperturbed point.
 
         Args:
@@ -374,6 +417,9 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
           gradient_at: `(group, pieces, steps) -> (loss, gradients)` at the point
             where the group is moved by `steps` (the form's own way of moving).
           segments: The `NormSegments`, or None for one norm per group.
+          values_of: `(group, pieces) -> the weights at the pieces` (each
+            piece's rows for a sparse one), for an adaptive group.
+          scaled: Per adaptive group, which tensors ASAM scales.
 
         Returns:
           A `SamGradients`.
@@ -388,8 +434,18 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
                 continue
             pieces = _pieces(grads)
             ids = list(row_ids.get(name, [None] * len(grads)))
-            scale = perturbation_scale(_squared_norm(pieces, ids, count), rho, self.epsilon)
-            steps = _ascent_steps(pieces, scale, ids, count)
+            directions = pieces
+            if name in self.adaptive_eta:
+                pieces_t = _adaptive(pieces, values_of(name, pieces), self.adaptive_eta[name],
+                                     (scaled or {}).get(name))
+                # ||T g|| and T (T g): `directions` times the scale is the step.
+                directions = [_times(pt, t) for pt, t in pieces_t]
+                pieces_for_norm = [pt for pt, _ in pieces_t]
+            else:
+                pieces_for_norm = pieces
+            scale = perturbation_scale(_squared_norm(pieces_for_norm, ids, count), rho,
+                                       self.epsilon)
+            steps = _ascent_steps(directions, scale, ids, count)
             perturbed_losses[name], gradients[name] = gradient_at(name, pieces, steps)
         return SamGradients(gradients, loss, perturbed_losses)
 
@@ -433,6 +489,7 @@ class SharpnessAwareMinimization(tf.keras.optimizers.Optimizer):
     def get_config(self):
         config = super().get_config()
         config.update(
-            rho={k: float(v) for k, v in self.rho.items()}, epsilon=self.epsilon
+            rho={k: float(v) for k, v in self.rho.items()}, epsilon=self.epsilon,
+            adaptive_eta=dict(self.adaptive_eta),
         )
         return config
