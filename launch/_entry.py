@@ -108,6 +108,10 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
             argv = [argv[0], *_config_file.expand(argv[1:], list(flags.FLAGS))]
         except DataError as e:
             fail(e)
+    from tff_fedrecgel.launch import _flag_groups  # pylint: disable=g-import-not-at-top
+
+    if _flag_groups.wants_help(argv):
+        _flag_groups.print_help_and_exit(flags.FLAGS)  # Grouped by concern.
     try:
         return flags.FLAGS(list(argv))
     except flags.Error as e:
