@@ -267,8 +267,9 @@ def define_checkpoint_flag():
     """--checkpoint of the entry points that serve a run's trained model."""
     from tff_fedrecgel.program import run_folder  # pylint: disable=g-import-not-at-top
 
+    # The script's own flag (as absl names `__main__`), so that --help lists it.
     return flags.DEFINE_enum(
         'checkpoint', run_folder.SELECTED, list(run_folder.CHECKPOINT_CHOICES),
         'selected: the round chosen on the validation item, which the summary '
         'reports (runs with --validation keep it; others serve the latest); '
-        'latest: the latest checkpoint.')
+        'latest: the latest checkpoint.', module_name=sys.argv[0])

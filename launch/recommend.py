@@ -7,7 +7,7 @@ Examples (from the repository root)::
     .venv/bin/python launch/recommend.py --run_dir=runs/filmtrust_fedrecgel_seed0 \
         --items=12,85,301     # a new user who liked these items
 
-A user of the data is scored with the run's latest checkpoint: its global
+A user of the data is scored with the run's checkpoint (--checkpoint): its global
 weights and the user's stored embedding, or, where users keep none (FedRecon,
 --local_state=reconstruct, users held out of training), an embedding rebuilt
 from the user's training interactions with the run's reconstruction settings.

@@ -30,8 +30,9 @@ def _absl_entry_points() -> list[str]:
 
 
 def _defined_flags(path: pathlib.Path) -> set[str]:
-    """Names of the absl flags a module defines (`flags.DEFINE_*('name', ...)`)."""
-    names = set()
+    """Names of the absl flags a module defines (`flags.DEFINE_*('name', ...)`,
+    and `--checkpoint` by `_entry.define_checkpoint_flag()`)."""
+    names = {'checkpoint'} if 'define_checkpoint_flag()' in path.read_text() else set()
     for node in ast.walk(ast.parse(path.read_text())):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr.startswith('DEFINE_') and node.args
