@@ -157,9 +157,10 @@ def main(argv: list[str]) -> int:
     if not methods.get_method(algo.ALGORITHM.value).exports:
         raise ValueError(f'--algorithm={algo.ALGORITHM.value} is not of the FedRecGEL '
                          'family, which is what export exports')
-    # Only the item count is needed from the data; read it before the slow
-    # TensorFlow imports so that data errors come quickly.
-    split = task.load_split(data_dir=settings.data_dir, eval_negatives=settings.split_negatives,
+    # Only the item count is needed from the data (no sampled negatives: any
+    # catalog); read it before the slow TensorFlow imports so that data
+    # errors come quickly.
+    split = task.load_split(data_dir=settings.data_dir, eval_negatives=0,
                             **settings.data_options)
     if recipes.needs_data(settings.preset):
         settings = algo.settings(task, recipes.DataProfile.of(split))
