@@ -13,7 +13,6 @@ import dataclasses
 
 from absl import flags
 
-from tff_fedrecgel import algorithm_config
 from tff_fedrecgel.launch import _data_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import run_settings
@@ -31,38 +30,6 @@ RHO_SH = flags.DEFINE_float(
     'rho_sh', None, 'SAM radius of the global (item) part (default: task\'s).')
 RHO_NS = flags.DEFINE_float(
     'rho_ns', None, 'SAM radius of the local (user) part (default: task\'s).')
-LOCAL_LR = flags.DEFINE_float(
-    'local_lr', _default('local_lr'), 'Learning rate of the client Adam on the user embedding.')
-SERVER_LR = flags.DEFINE_float('server_lr', _default('server_lr'), 'Server learning rate.')
-SERVER_OPTIMIZER = flags.DEFINE_enum(
-    'server_optimizer', _default('server_optimizer'), list(methods.SERVER_OPTIMIZERS),
-    'Server optimizer on the averaged update (tff.learning.optimizers): adam '
-    '(the authors\'), yogi, adagrad, sgdm (momentum 0.9) or sgd.')
-NUM_NEGATIVES = flags.DEFINE_integer(
-    'num_negatives', _default('num_negatives'),
-    'Training negatives per positive in a client\'s batch.')
-LOCAL_STATE = flags.DEFINE_enum(
-    'local_state', _default('local_state'), list(algorithm_config.LOCAL_STATES),
-    'persistent: each user keeps its embedding and Adam state across rounds; '
-    'reconstruct: nothing is kept, the embedding is re-derived every round.')
-RECONSTRUCTION_STEPS = flags.DEFINE_integer(
-    'reconstruction_steps', _default('reconstruction_steps'),
-    'Adam steps of the reconstruct mode and FedRecon.')
-LOSS_REDUCTION = flags.DEFINE_enum(
-    'loss_reduction', _default('loss_reduction'), list(algorithm_config.LOSS_REDUCTIONS),
-    f'chunk_sum: sum of the mean loss of {algorithm_config.CLIENT_WORK.chunk_size}-example '
-    'chunks (the authors\'); '
-    'mean: the plain mean.')
-UPDATE = flags.DEFINE_enum(
-    'update', _default('update'), list(algorithm_config.UPDATE_MODES),
-    'gradient: clients upload the SAM gradient (the authors\'); model_delta: '
-    'clients run --local_epochs of SAM steps and upload the weight change.')
-LOCAL_EPOCHS = flags.DEFINE_integer(
-    'local_epochs', _default('local_epochs'), 'model_delta: epochs.')
-CLIENT_LR = flags.DEFINE_float('client_lr', _default('client_lr'), 'model_delta: client SGD rate.')
-CLIENT_WEIGHTING = flags.DEFINE_enum(
-    'client_weighting', _default('client_weighting'), list(algorithm_config.CLIENT_WEIGHTINGS),
-    'Aggregation weights: uniform (the authors\') or by examples.')
 SEED = flags.DEFINE_integer(
     'seed', _default('seed'), 'Seed of initial weights, client sampling and negatives.')
 
@@ -120,8 +87,9 @@ def settings(task: tasks.Task, data_profile=None) -> run_settings.Settings:
         raise ValueError(e.flag_message(_data_flags.flag_of(e.option))) from None
 
 
-def model_config(num_items: int):
-    """The `ModelConfig` of the algorithm (FedMF: GMF only)."""
+def model_config(run: run_settings.Settings, num_items: int):
+    """The `ModelConfig` of a run's settings (FedMF: GMF only)."""
     from tff_fedrecgel import simulation  # pylint: disable=g-import-not-at-top
 
-    return simulation.model_config_for(methods.get_method(ALGORITHM.value), num_items)
+    return simulation.model_config_for(methods.get_method(run.algorithm), num_items,
+                                       run.model_sizes())

@@ -55,6 +55,8 @@ def flags_from_hparams(hparams: Mapping[str, Any], known: Sequence[str]) -> list
             continue
         if isinstance(value, bool):
             out.append(f'--{"" if value else "no"}{name}')
+        elif isinstance(value, list):  # A list flag: comma-separated.
+            out.append(f'--{name}={",".join(map(str, value))}')
         else:
             out.append(f'--{name}={value}')
     return out

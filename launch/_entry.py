@@ -108,6 +108,10 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
             argv = [argv[0], *_config_file.expand(argv[1:], list(flags.FLAGS))]
         except DataError as e:
             fail(e)
+    from tff_fedrecgel.launch import _flag_groups  # pylint: disable=g-import-not-at-top
+
+    if _flag_groups.wants_help(argv):
+        _flag_groups.print_help_and_exit(flags.FLAGS)  # Grouped by concern.
     try:
         return flags.FLAGS(list(argv))
     except flags.Error as e:
@@ -263,8 +267,9 @@ def define_checkpoint_flag():
     """--checkpoint of the entry points that serve a run's trained model."""
     from tff_fedrecgel.program import run_folder  # pylint: disable=g-import-not-at-top
 
+    # The script's own flag (as absl names `__main__`), so that --help lists it.
     return flags.DEFINE_enum(
         'checkpoint', run_folder.SELECTED, list(run_folder.CHECKPOINT_CHOICES),
         'selected: the round chosen on the validation item, which the summary '
         'reports (runs with --validation keep it; others serve the latest); '
-        'latest: the latest checkpoint.')
+        'latest: the latest checkpoint.', module_name=sys.argv[0])

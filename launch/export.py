@@ -50,8 +50,11 @@ _entry.setup_environment()
 from absl import flags
 
 from tff_fedrecgel.launch import _algorithm_flags as algo
+from tff_fedrecgel.launch import _client_flags
 from tff_fedrecgel.launch import _config_file
 from tff_fedrecgel.launch import _data_flags
+from tff_fedrecgel.launch import _model_flags
+from tff_fedrecgel.launch import _server_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel.errors import DataError
@@ -59,7 +62,10 @@ from tff_fedrecgel.errors import DataError
 
 # --help lists the shared flags this script uses with its own.
 flags.adopt_module_key_flags(algo)
+flags.adopt_module_key_flags(_client_flags)
+flags.adopt_module_key_flags(_server_flags)
 flags.adopt_module_key_flags(_data_flags)
+flags.adopt_module_key_flags(_model_flags)
 _config_file.define_config_flag()
 flags.adopt_module_key_flags(_config_file)
 
@@ -151,9 +157,11 @@ def main(argv: list[str]) -> int:
     if not methods.get_method(algo.ALGORITHM.value).exports:
         raise ValueError(f'--algorithm={algo.ALGORITHM.value} is not of the FedRecGEL '
                          'family, which is what export exports')
-    # Only the item count is needed from the data; read it before the slow
-    # TensorFlow imports so that data errors come quickly.
-    split = task.load_split(data_dir=settings.data_dir, **settings.data_options)
+    # Only the item count is needed from the data (no sampled negatives: any
+    # catalog); read it before the slow TensorFlow imports so that data
+    # errors come quickly.
+    split = task.load_split(data_dir=settings.data_dir, eval_negatives=0,
+                            **settings.data_options)
     if recipes.needs_data(settings.preset):
         settings = algo.settings(task, recipes.DataProfile.of(split))
 
@@ -161,13 +169,14 @@ def main(argv: list[str]) -> int:
     from tff_fedrecgel import export  # pylint: disable=g-import-not-at-top
 
     work = settings.client_work()
-    model_config = algo.model_config(split.num_items)
+    model_config = algo.model_config(settings, split.num_items)
     print(f'{task.name}: {split.num_items:,} items; {algo.ALGORITHM.value} '
           f'(rho_sh={work.rho_sh}, rho_ns={work.rho_ns}, {work.local_state} device state, '
           f'{work.update} upload); exporting to {output_dir}', flush=True)
     deployment = export.build_deployment(
         model_config=model_config, work=work, server_lr=settings.server_lr,
-        server_optimizer=settings.server_optimizer, init_seed=settings.seed)
+        server_optimizer=settings.server_optimizer, init_seed=settings.seed,
+        top_ks=settings.top_ks)
     manifest = export.write_deployment(
         deployment, output_dir,
         extra_hyperparameters={

@@ -46,130 +46,60 @@ from absl import flags
 from absl import logging
 
 from tff_fedrecgel.launch import _algorithm_flags as algo
+from tff_fedrecgel.launch import _client_flags
 from tff_fedrecgel.launch import _config_file
 from tff_fedrecgel.launch import _data_flags
+from tff_fedrecgel.launch import _eval_flags as eval_flags
+from tff_fedrecgel.launch import _model_flags
+from tff_fedrecgel.launch import _output_flags as output_flags
+from tff_fedrecgel.launch import _privacy_flags as privacy_flags
+from tff_fedrecgel.launch import _server_flags
+from tff_fedrecgel.launch import _simulation_flags as simulation_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel import run_settings
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-# --help lists the shared flags this script uses with its own.
-flags.adopt_module_key_flags(algo)
-flags.adopt_module_key_flags(_data_flags)
+# --help lists the flags of every concern, one group each (_flag_groups).
 _config_file.define_config_flag()
-flags.adopt_module_key_flags(_config_file)
-
-_ROOT_OUTPUT_DIR = flags.DEFINE_string(
-    'root_output_dir', 'runs', 'Root folder of all experiments.')
-_EXPERIMENT_NAME = flags.DEFINE_string(
-    'experiment_name', None,
-    'Experiment folder name (default: <task>_<algorithm>_seed<seed>).')
-_TOTAL_ROUNDS = flags.DEFINE_integer(
-    'total_rounds', None, 'Rounds to run (default: the task\'s, 100).')
-_CLIENT_FRACTION = flags.DEFINE_float(
-    'client_fraction', None,
-    'Fraction of users sampled per round (default: the task\'s, 0.1).')
-_CLIENTS_PER_ROUND = flags.DEFINE_integer(
-    'clients_per_round', None, 'Cohort size; overrides --client_fraction.')
-_ROUNDS_PER_EVAL = flags.DEFINE_integer(
-    'rounds_per_eval', run_settings.default('rounds_per_eval'),
-    'Evaluate all users every this many rounds.')
-_ROUNDS_PER_FULL_EVAL = flags.DEFINE_integer(
-    'rounds_per_full_eval', None,
-    'With --eval_protocol=full or both: rank against every item every this '
-    'many rounds (default: --rounds_per_eval).')
-_EVAL_PROTOCOL = flags.DEFINE_enum(
-    'eval_protocol', run_settings.default('eval_protocol'), list(run_settings.EVAL_PROTOCOLS),
-    'sampled: the held-out item among 99 sampled negatives (the paper\'s; '
-    'metrics test/...); full: among every item the user did not train on '
-    '(test_full/..., with MRR: the protocol to trust); both.')
-_EVAL_USERS = flags.DEFINE_integer(
-    'eval_users', None,
-    'Evaluate a fixed random sample of this many users (the same every round, '
-    'method and seed; held-out users sampled apart) and report each metric\'s '
-    'standard error (<metric>_se); default: every user. Rule: evaluate '
-    'everyone while an evaluation costs less than the rounds between two; past '
-    'that (hundreds of thousands of users), 10000 bounds the standard error of '
-    'HR@10 by 0.005 (docs/PERFORMANCE.md, "Scale").')
-_HELDOUT_USERS = flags.DEFINE_float(
-    'heldout_users', run_settings.default('heldout_users'),
-    'Fraction of users that never train nor are sampled; each evaluation '
-    'rebuilds their embedding from their own training data '
-    '(--reconstruction_steps Adam steps, global part frozen) and reports them '
-    'as heldout/... (and heldout_full/...).')
-_ROUNDS_PER_CHECKPOINT = flags.DEFINE_integer(
-    'rounds_per_checkpoint', run_settings.default('rounds_per_checkpoint'),
-    'Checkpoint every this many rounds (0: never).')
-_SIMULATION = flags.DEFINE_enum(
-    'simulation', run_settings.default('simulation'), list(run_settings.SIMULATIONS),
-    'per_user: one user per TFF client (the deployable form); vectorized: '
-    'several users per TFF client with per-user math vectorized (same '
-    'results, much faster); auto: vectorized unless DP or secure aggregation '
-    'needs each user\'s upload apart.')
-_MAX_GROUP_EXAMPLES = flags.DEFINE_integer(
-    'max_group_examples', run_settings.default('max_group_examples'),
-    'vectorized: padded examples (users x longest batch) per TFF client.')
-_EARLY_STOPPING_PATIENCE = flags.DEFINE_integer(
-    'early_stopping_patience', None,
-    'With --validation: stop after this many evaluations without a better '
-    'validation HR@10 (full ranking when evaluated, else sampled).')
-_PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
-_SHARPNESS_PROBE = flags.DEFINE_float(
-    'sharpness_probe', None,
-    'Also measure every round the sharpness L(w + e) - L(w) of the global and '
-    'the local part at this SAM radius (train/probe_sharpness_*), so runs with '
-    'and without SAM compare at one radius; costs a second client pass; '
-    'training is unchanged.')
-_WORKERS = flags.DEFINE_string(
-    'workers', None,
-    'host:port,... of TFF worker services (launch/start_workers.sh) to split '
-    'each round across (default: this process\'s local TFF worker). Same '
-    'results; default aggregator only (docs/WORKERS.md).')
-_DP_NOISE_MULTIPLIER = flags.DEFINE_float(
-    'dp_noise_multiplier', None,
-    'User-level DP of the global update: Gaussian noise std over the L2 clip '
-    '(default: no DP; 0 clips without noise). Runs one user per TFF client.')
-_DP_CLIP = flags.DEFINE_float(
-    'dp_clip', None,
-    'DP: L2 clip of each user\'s upload; required unless --dp_adaptive_clip '
-    '(then the initial clip, default 0.1).')
-_DP_ADAPTIVE_CLIP = flags.DEFINE_bool(
-    'dp_adaptive_clip', False, 'DP: adapt the clip to the median upload norm.')
-_DP_DELTA = flags.DEFINE_float(
-    'dp_delta', None, 'DP: the delta of the reported epsilon (default 1/users).')
-_SECURE_AGGREGATION = flags.DEFINE_bool(
-    'secure_aggregation', False,
-    'Sum the uploads with TFF\'s secure sum (32-bit quantized; in simulation '
-    'this exercises the arithmetic only). Runs one user per TFF client.')
+for _module in (_data_flags, _model_flags, algo, _client_flags, _server_flags, eval_flags,
+                privacy_flags, simulation_flags, output_flags, _config_file):
+    flags.adopt_module_key_flags(_module)
 
 
 def _settings(task, data_profile=None) -> run_settings.Settings:
     """All settings of the run, from the task's defaults and the flags."""
-    if _CLIENTS_PER_ROUND.present and _CLIENT_FRACTION.present:
+    if simulation_flags.CLIENTS_PER_ROUND.present and simulation_flags.CLIENT_FRACTION.present:
         raise ValueError('give --clients_per_round or --client_fraction, not both')
-    _check_method(algo.ALGORITHM.value,
-                  private=_DP_NOISE_MULTIPLIER.value is not None or _SECURE_AGGREGATION.value)
+    _check_method(algo.ALGORITHM.value, private=_private())
     return algo.settings(task, data_profile)
+
+
+def _private() -> bool:
+    """Whether the flags ask for DP or secure aggregation."""
+    return (privacy_flags.DP_NOISE_MULTIPLIER.value is not None
+            or privacy_flags.SECURE_AGGREGATION.value)
 
 
 def _privacy(settings: run_settings.Settings, num_users: int, clients: int):
     """The run's `PrivacySettings`, checked (imports no TensorFlow)."""
     from tff_fedrecgel.privacy import PrivacySettings  # pylint: disable=g-import-not-at-top
 
-    needs_dp = [f'--{f.name}' for f in (_DP_CLIP, _DP_ADAPTIVE_CLIP, _DP_DELTA)
-                if f.present]
-    if _DP_NOISE_MULTIPLIER.value is None and needs_dp:
+    needs_dp = [f'--{f.name}' for f in (privacy_flags.DP_CLIP, privacy_flags.DP_ADAPTIVE_CLIP,
+                                        privacy_flags.DP_DELTA) if f.present]
+    if privacy_flags.DP_NOISE_MULTIPLIER.value is None and needs_dp:
         raise ValueError(f'{", ".join(needs_dp)} needs --dp_noise_multiplier')
-    private = _DP_NOISE_MULTIPLIER.value is not None or _SECURE_AGGREGATION.value
+    private = _private()
     if private and settings.simulation == 'vectorized':
         # A vectorized client uploads one mean per group of users.
         raise ValueError('DP and secure aggregation act on each user\'s upload; drop '
                          '--simulation=vectorized (auto runs one user per TFF client)')
     try:
         privacy = PrivacySettings(
-            noise_multiplier=_DP_NOISE_MULTIPLIER.value, clip=_DP_CLIP.value,
-            adaptive_clip=_DP_ADAPTIVE_CLIP.value, delta=_DP_DELTA.value,
-            secure_aggregation=_SECURE_AGGREGATION.value)
+            noise_multiplier=privacy_flags.DP_NOISE_MULTIPLIER.value,
+            clip=privacy_flags.DP_CLIP.value, adaptive_clip=privacy_flags.DP_ADAPTIVE_CLIP.value,
+            delta=privacy_flags.DP_DELTA.value,
+            secure_aggregation=privacy_flags.SECURE_AGGREGATION.value)
         privacy.check_accounting(clients_per_round=clients, num_users=num_users,
                                  total_rounds=settings.total_rounds)
     except run_settings.SettingError as e:
@@ -220,18 +150,18 @@ def main(argv: list[str]) -> int:
     task = algo.selected_task()
     settings = _settings(task)
     from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
-    experiment = _EXPERIMENT_NAME.value
+    experiment = output_flags.EXPERIMENT_NAME.value
     if experiment is None:
         experiment = f'{task.name}_{settings.algorithm}_seed{settings.seed}'
     program.check_experiment_name(experiment)
-    program.check_output_root(_ROOT_OUTPUT_DIR.value)
+    program.check_output_root(output_flags.ROOT_OUTPUT_DIR.value)
     # A busy folder is said at once, before the data load and the TF import.
-    program.check_not_in_use(root_output_dir=_ROOT_OUTPUT_DIR.value,
+    program.check_not_in_use(root_output_dir=output_flags.ROOT_OUTPUT_DIR.value,
                              experiment_name=experiment)
 
     # Fail on bad data before the slow TF imports.
     split = task.load_split(data_dir=settings.data_dir, validation=settings.validation,
-                            **settings.data_options)
+                            eval_negatives=settings.split_negatives, **settings.data_options)
     profile = recipes.DataProfile.of(split)
     if recipes.needs_data(settings.preset):
         settings = _settings(task, profile)
@@ -241,15 +171,15 @@ def main(argv: list[str]) -> int:
         raise ValueError(e.flag_message()) from None
     privacy = _privacy(settings, split.num_users, clients)
     hparams = {**settings.hparams(), **privacy.hparams(num_users=split.num_users)}
-    if _WORKERS.value and privacy.needs_one_user_per_client:
+    if simulation_flags.WORKERS.value and privacy.needs_one_user_per_client:
         raise ValueError('DP and secure aggregation are not supported with --workers')
-    if _WORKERS.value:
+    if simulation_flags.WORKERS.value:
         from tff_fedrecgel.simulation.transport import parse_worker_addresses  # pylint: disable=g-import-not-at-top
-        parse_worker_addresses(_WORKERS.value)
+        parse_worker_addresses(simulation_flags.WORKERS.value)
 
     paths = None
     try:
-        with program.open_run(root_output_dir=_ROOT_OUTPUT_DIR.value,
+        with program.open_run(root_output_dir=output_flags.ROOT_OUTPUT_DIR.value,
                               experiment_name=experiment, hparams=hparams) as paths:
             return _train(task, settings, hparams, split, clients, privacy, paths, profile)
     except program.TrainingStoppedError as e:
@@ -260,10 +190,10 @@ def main(argv: list[str]) -> int:
             'run a changed command under another --experiment_name') from None
 
 
-def _headline(headline) -> str:
-    """The summary's first figure in words."""
+def _headline(headline, negatives: int) -> str:
+    """The summary's first figure in words (`negatives`: of the sampled protocol)."""
     suffix = '_full' if headline['protocol'] == 'full' else ''
-    protocol = 'full ranking' if suffix else 'sampled, 99 negatives'
+    protocol = 'full ranking' if suffix else f'sampled, {negatives} negatives'
     served = ('; recommend.py, export.py and api.load_run serve this round'
               if headline['selection'].startswith('valid') else '')
     def figure(metric):
@@ -298,7 +228,8 @@ def _train(task, settings: run_settings.Settings, hparams: dict, split, clients:
     aggregator, privacy_report = _privacy_pieces(privacy, clients, split.num_users,
                                                  settings.total_rounds)
     sim = settings.build_simulation(split, one_user_per_client=one_user,
-                                    model_aggregator=aggregator, workers=_WORKERS.value)
+                                    model_aggregator=aggregator,
+                                    workers=simulation_flags.WORKERS.value)
     logging.info('built the TFF process in %.1f s', time.perf_counter() - start)
     print(f'outputs: {paths.root}', flush=True)
     print(f'view the curves: {_entry.tensorboard_command(paths.tensorboard)}',
@@ -310,13 +241,13 @@ def _train(task, settings: run_settings.Settings, hparams: dict, split, clients:
         hparams=hparams, validation=settings.validation,
         eval_protocol=settings.eval_protocol,
         rounds_per_full_eval=settings.rounds_per_full_eval,
-        progress=_PROGRESS.value,
+        progress=output_flags.PROGRESS.value,
         early_stopping_patience=settings.early_stopping_patience,
         extra_train_metrics=privacy_report.round_metrics if privacy_report else None,
         extra_summary=privacy_report.summary if privacy_report else None)
     summary['wall_seconds'] = round(time.perf_counter() - start, 1)
     summary['output_dir'] = str(paths.root)
-    print(_headline(summary['headline']), flush=True)
+    print(_headline(summary['headline'], settings.eval_negatives), flush=True)
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -36,13 +36,17 @@ _entry.setup_environment()
 from absl import flags
 
 from tff_fedrecgel.launch import _algorithm_flags as algo
+from tff_fedrecgel.launch import _client_flags
 from tff_fedrecgel.launch import _data_flags
+from tff_fedrecgel.launch import _server_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import run_settings
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 flags.adopt_module_key_flags(algo)
+flags.adopt_module_key_flags(_client_flags)
+flags.adopt_module_key_flags(_server_flags)
 flags.adopt_module_key_flags(_data_flags)
 
 _TRIALS = flags.DEFINE_integer('trials', 20, 'Finished trials to reach (a resumed '

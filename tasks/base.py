@@ -173,12 +173,14 @@ class Task:
         return self.reader(path, **options)
 
     def cache_key(self, data_dir: PathLike | None, *, validation: bool,
+                  eval_negatives: int = preprocess_lib.NUM_HELDOUT_NEGATIVES,
                   **options: Any) -> dict[str, Any]:
         """Everything the split depends on, for `split_io.load_or_compute`.
 
         Args:
           data_dir: As for `load_raw`.
           validation: Whether a validation item is held out.
+          eval_negatives: Sampled evaluation negatives per user.
           **options: Reader options.
 
         Returns:
@@ -196,7 +198,7 @@ class Task:
             'protocol': {
                 'version': PROTOCOL_VERSION,
                 'min_interactions': preprocess_lib.MIN_INTERACTIONS,
-                'num_negatives': preprocess_lib.NUM_HELDOUT_NEGATIVES,
+                'num_negatives': int(eval_negatives),
                 'test_seed': preprocess_lib.TEST_NEGATIVE_SEED,
                 'valid_seed': preprocess_lib.VALID_NEGATIVE_SEED,
                 'num_items': self.num_items,
@@ -204,17 +206,19 @@ class Task:
             'source': None if path is None else split_io.file_fingerprint(path),
         }
 
-    def _compute(self, data_dir: PathLike | None, validation: bool,
+    def _compute(self, data_dir: PathLike | None, validation: bool, eval_negatives: int,
                  options: Mapping[str, Any]) -> Split:
         raw = self.load_raw(data_dir, **options)
         source = self.raw_path(data_dir) or self.name
         return preprocess_lib.build_split(raw, validation=validation,
                                          num_items=self.num_items,
-                                         source=source)
+                                         num_negatives=eval_negatives, source=source)
 
     def prepare(self, *, data_dir: PathLike | None = None,
                 validation: bool = False, cache_dir: PathLike | None = None,
-                write_csv: bool = False, **options: Any) -> PreparedSplit:
+                write_csv: bool = False,
+                eval_negatives: int = preprocess_lib.NUM_HELDOUT_NEGATIVES,
+                **options: Any) -> PreparedSplit:
         """Loads, preprocesses and (with ``cache_dir``) caches the split.
 
         Args:
@@ -224,6 +228,8 @@ class Task:
             options and format are unchanged.
           write_csv: Also write text copies of the split (train.csv,
             test.csv, valid.csv) to ``cache_dir``.
+          eval_negatives: Sampled evaluation negatives per user (the
+            paper's 99; 0 for a run that ranks against every item only).
           **options: Reader options.
 
         Returns:
@@ -233,19 +239,21 @@ class Task:
           DataError: On bad input or an unwritable ``cache_dir``.
         """
         if cache_dir is None:
-            return PreparedSplit(self._compute(data_dir, validation, options),
+            return PreparedSplit(self._compute(data_dir, validation, eval_negatives, options),
                                  cached=False, cache_dir=None)
-        key = self.cache_key(data_dir, validation=validation, **options)
+        key = self.cache_key(data_dir, validation=validation,
+                             eval_negatives=eval_negatives, **options)
         split, cached = split_io.load_or_compute(
             cache_dir, key=key,
-            compute=lambda: self._compute(data_dir, validation, options),
+            compute=lambda: self._compute(data_dir, validation, eval_negatives, options),
             csv=write_csv)
         return PreparedSplit(split, cached=cached,
                              cache_dir=os.fspath(cache_dir))
 
     def load_split(self, *, data_dir: PathLike | None = None,
                    validation: bool = False, cache_dir: PathLike | None = None,
+                   eval_negatives: int = preprocess_lib.NUM_HELDOUT_NEGATIVES,
                    **options: Any) -> Split:
         """Like `prepare`, returning only the split."""
-        return self.prepare(data_dir=data_dir, validation=validation,
-                            cache_dir=cache_dir, **options).split
+        return self.prepare(data_dir=data_dir, validation=validation, cache_dir=cache_dir,
+                            eval_negatives=eval_negatives, **options).split

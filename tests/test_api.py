@@ -320,6 +320,8 @@ def fedrecon_cli(runs, tmp_path_factory):
         'recommend': [f'--run_dir={experiment.paths.root}', f'--user={user_id}', '--k=5'],
         'recommend_items': [f'--run_dir={experiment.paths.root}',
                             f'--items={",".join(NEW_USER_ITEMS)}', '--k=5'],
+        'recommend_none': [f'--run_dir={experiment.paths.root}', f'--user={user_id}', '--k=5',
+                           '--exclude=none'],
         'export': [f'--run_dir={experiment.paths.root}', f'--output_dir={root / "export"}'],
     }
     procs = {name: _start_cli(name.split('_')[0], args, root / f'{name}.log')
@@ -387,7 +389,8 @@ def test_exported_model_prints_what_recommend_prints_in_another_process(
     assert result.returncode == 0, result.stderr
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
     assert not loaded['loaded_project']
-    for script, key in (('recommend', 'user'), ('recommend_items', 'new_user')):
+    for script, key in (('recommend', 'user'), ('recommend_items', 'new_user'),
+                        ('recommend_none', 'user_none')):
         code, printed, _ = fedrecon_cli[0][script]
         assert code == 0, printed
         assert printed.strip().splitlines()[-6:] == loaded[key]

@@ -54,6 +54,15 @@ _INT_RANGES = {
     'data_seed': ['-2', str(2**32)],
     'num_users': ['0', '-1', str(10**9), str(2**31)],
     'num_items': ['0', '9', str(10**8), str(2**31)],
+    'gmf_dim': ['0', '-1', '4097'],
+    'mlp_dim': ['0', '4097', str(2**31)],
+    'chunk_size': ['0', '-1', str(2**31)],
+    'eval_negatives': ['0', '-1', str(2**31)],
+}
+# Per list flag (comma-separated integers): bad lists.
+_LIST_CASES = {
+    'mlp_layers': ['', '0', 'a', '64,x', '4097', '1.5', '64,,32'],
+    'top_ks': ['', '5', '0,10', '10,x', '10,101', '10,1001'],
 }
 _FLOAT_GENERIC = ['nan', 'inf', '-inf', 'abc', '', '1e400', '-1e400', '1,5']
 _FLOAT_RANGES = {
@@ -221,6 +230,9 @@ def _matrix(data):
     for name, values in _FLOAT_RANGES.items():
         for value in _FLOAT_GENERIC + values:
             bad.append(([*_FLOAT_COMPANIONS.get(name, []), f'--{name}={value}'], name))
+    for name, values in _LIST_CASES.items():
+        for value in values:
+            bad.append(([f'--{name}={value}'], name))
     for name in _ENUMS:
         for value in ('nope', '', ' ', 'NOPE'):
             bad.append(([f'--{name}={value}'], name))

@@ -11,7 +11,11 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = REPO / 'launch'
-SHARED_FLAG_MODULES = ('_algorithm_flags', '_data_flags', '_config_file')
+sys.path.insert(0, str(REPO))
+from tff_fedrecgel.launch import _flag_groups  # pylint: disable=wrong-import-position
+
+# One module per concern: --help shows each as a group, in this order.
+SHARED_FLAG_MODULES = tuple(module for module, _, _ in _flag_groups.GROUPS)
 
 
 def _absl_entry_points() -> list[str]:
@@ -20,14 +24,15 @@ def _absl_entry_points() -> list[str]:
     for path in sorted(LAUNCH.glob('*.py')):
         text = path.read_text()
         if (not path.name.startswith('_') and '__main__' in text
-                and 'flags.DEFINE_' in text):
+                and ('flags.DEFINE_' in text or 'adopt_module_key_flags' in text)):
             names.append(path.stem)
     return names
 
 
 def _defined_flags(path: pathlib.Path) -> set[str]:
-    """Names of the absl flags a module defines (`flags.DEFINE_*('name', ...)`)."""
-    names = set()
+    """Names of the absl flags a module defines (`flags.DEFINE_*('name', ...)`,
+    and `--checkpoint` by `_entry.define_checkpoint_flag()`)."""
+    names = {'checkpoint'} if 'define_checkpoint_flag()' in path.read_text() else set()
     for node in ast.walk(ast.parse(path.read_text())):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr.startswith('DEFINE_') and node.args
@@ -36,12 +41,13 @@ def _defined_flags(path: pathlib.Path) -> set[str]:
     return names
 
 
-def _shared_modules_used(path: pathlib.Path) -> set[str]:
+def _shared_modules_used(path: pathlib.Path) -> list[str]:
+    """The flag modules a script imports, in `GROUPS` order."""
     used = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module == 'tff_fedrecgel.launch':
             used |= {a.name for a in node.names if a.name in SHARED_FLAG_MODULES}
-    return used
+    return [m for m in SHARED_FLAG_MODULES if m in used]
 
 
 def _help(script: str) -> subprocess.CompletedProcess:
@@ -70,11 +76,34 @@ def test_help_lists_own_and_shared_flags_only(script):
     assert result.returncode == 1, result.stderr  # absl's exit status for --help.
     # Equal sets: nothing missing, and none of TensorFlow's or absl's own.
     assert _listed_flags(result.stdout) == expected
-    # One section, the script's: no module of TensorFlow, TFF or absl.
+    # A section per concern, in order, then the script's own flags; no
+    # module of TensorFlow, TFF or absl.
     flag_part = result.stdout.split('\nflags:\n', 1)[1]
     sections = re.findall(r'^(\S.*):$', flag_part, flags=re.MULTILINE)
-    assert sections == [str(path)] or sections == [f'launch/{script}.py']
+    groups = [_flag_groups.group_title(m) for m in _shared_modules_used(path)]
+    if _defined_flags(path):
+        assert sections[:-1] == groups and sections[-1] in (str(path), f'launch/{script}.py')
+    else:
+        assert sections == groups
     assert '../shared' not in result.stdout
+
+
+def test_train_help_groups_the_flags_by_concern():
+    sections = re.findall(r'^(\w[\w ]*) \(', _help('train').stdout.split('\nflags:\n')[1],
+                          flags=re.MULTILINE)
+    assert sections == ['data', 'model', 'method', 'client', 'server', 'evaluation',
+                        'privacy', 'simulation', 'output', 'settings file']
+
+
+def test_the_flag_reference_page_is_what_its_generator_writes():
+    result = subprocess.run(
+        [sys.executable, str(LAUNCH / 'flag_reference.py'), '--check'], cwd=REPO,
+        capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    page = (REPO / 'docs' / 'FLAGS.md').read_text()
+    # Every flag --help lists for train is on the page.
+    assert {f'`--{name}`' for name in _listed_flags(_help('train').stdout)} <= set(
+        re.findall(r'`--\w+`', page))
 
 
 def test_train_help_names_the_key_settings():

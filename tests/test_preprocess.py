@@ -245,9 +245,22 @@ def test_no_user_left():
     assert 'tiny.csv' in str(error.value)
 
 
-def test_too_few_items_for_the_negatives():
-    with pytest.raises(DataError, match='fewer than the 99'):
-        _build(_frame([(1, i, i) for i in range(10)]))
+def test_too_few_items_for_the_negatives_names_the_original_user():
+    with pytest.raises(DataError, match=r"user 7 interacted with 10 of the 10 items, "
+                       r"leaving 0 for the 99 sampled evaluation negatives; rank against "
+                       r"every item \(--eval_protocol=full\)"):
+        _build(_frame([(7, i, i) for i in range(10)]))
+
+
+def test_a_small_catalog_without_sampled_negatives():
+    """Full ranking alone draws none: 9 items are enough; 3 sampled fit."""
+    frame = _frame([(u, (u + i) % 12, i) for u in range(4) for i in range(6)])
+    split = _build(frame, num_negatives=0)
+    assert split.num_items == 9 and split.test_negatives.shape == (4, 0)
+    assert split.candidates('test', np.arange(4)).shape == (4, 1)
+    assert _build(frame, num_negatives=3).test_negatives.shape == (4, 3)
+    with pytest.raises(DataError, match='leaving 3 for the 4 sampled'):
+        _build(frame, num_negatives=4)
 
 
 def test_split_rejects_inconsistent_arrays():

@@ -111,6 +111,7 @@ def test_bad_protocol_flags_are_one_line(tmp_path, args, fragment):
 def test_tuned_preset_fills_what_the_command_line_leaves():
     from absl import flags
     from tff_fedrecgel.launch import _algorithm_flags as algo
+    from tff_fedrecgel.launch import _server_flags  # pylint: disable=unused-import (--server_lr)
     from tff_fedrecgel import tasks
 
     task = tasks.get_task('lastfm_2k')

@@ -83,7 +83,7 @@ def test_scalar_tags_put_counters_and_timings_apart_with_descriptions():
     assert tag('train/clients')[0] == 'workload/clients'
     assert tag('train/loss')[0] == 'train/loss'
     assert tag('test_full/mrr')[0] == 'test_full/mrr'
-    assert 'top 10' in tag('test/hr@10')[1] and '99 sampled' in tag('test/hr@10')[1]
+    assert 'top 10' in tag('test/hr@10')[1] and 'sampled negatives' in tag('test/hr@10')[1]
     assert 'every item' in tag('valid_full/ndcg@5')[1]
     assert 'never trained on' in tag('heldout/hr@20')[1]
     assert 'rho_sh' in tag('train/sam_loss_global')[1]

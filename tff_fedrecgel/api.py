@@ -51,6 +51,7 @@ import pathlib
 from typing import Any
 
 from tff_fedrecgel import methods
+from tff_fedrecgel import sizes
 from tff_fedrecgel import recipes
 from tff_fedrecgel import runtime
 from tff_fedrecgel import tasks
@@ -140,7 +141,7 @@ def ensure_session() -> Session:
 
 def prepare_data(task: str, *, data_dir: str | os.PathLike | None = None,
                  validation: bool = False, cache_dir: str | os.PathLike | None = None,
-                 **options: Any) -> Split:
+                 eval_negatives: int = sizes.EVAL_NEGATIVES, **options: Any) -> Split:
     """A task's split (`tasks.Task.load_split`).
 
     Args:
@@ -149,6 +150,8 @@ def prepare_data(task: str, *, data_dir: str | os.PathLike | None = None,
       validation: Also hold out each user's second-latest interaction.
       cache_dir: Folder for the split files (reused while the raw file and
         the options are unchanged; `launch/prepare_data.py` writes the same).
+      eval_negatives: Sampled evaluation negatives per user (0: none, for
+        runs that rank against every item only).
       **options: Reader options of the task.
 
     Returns:
@@ -158,12 +161,15 @@ def prepare_data(task: str, *, data_dir: str | os.PathLike | None = None,
       DataError: On missing or malformed data, or unknown options.
     """
     return get_task(task).load_split(data_dir=data_dir, validation=validation,
-                                     cache_dir=cache_dir, **options)
+                                     cache_dir=cache_dir, eval_negatives=eval_negatives,
+                                     **options)
 
 
 def _load_split(run_settings: Settings) -> Split:
     return prepare_data(run_settings.task, data_dir=run_settings.data_dir,
-                        validation=run_settings.validation, **run_settings.data_options)
+                        validation=run_settings.validation,
+                        eval_negatives=run_settings.split_negatives,
+                        **run_settings.data_options)
 
 
 # ---------------------------------------------------------------------------
@@ -306,7 +312,7 @@ class Experiment:
         Args:
           which: 'test' or 'valid' (with `validation`).
           heldout: The users held out of training instead.
-          protocol: 'sampled' (99 sampled negatives, the paper's) or 'full'
+          protocol: 'sampled' (eval_negatives sampled negatives, the paper's 99) or 'full'
             (every item the user did not train on; with MRR).
         """
         self._ensure_state()
@@ -329,18 +335,20 @@ class Experiment:
         return TrainedModel.from_simulation(self.simulation)
 
     def recommend(self, user_id: Any = None, *, items: list[Any] | None = None,
-                  k: int = 10):
+                  k: int = 10, exclude: list[Any] | None = None):
         """A user's top-`k` items in original ids (`TrainedModel.recommend`).
 
         Args:
           user_id: A user of the data (original id), or None with `items`.
           items: The items (original ids) of a new user.
           k: How many.
+          exclude: Original ids left out ([]: none); None: the items the
+            user has seen (the SavedModel's default too).
 
         Returns:
           A list of `recommendation.Recommendation`, best first.
         """
-        return self.model().recommend(user_id, items=items, k=k)
+        return self.model().recommend(user_id, items=items, k=k, exclude=exclude)
 
     def export(self, output_dir: str | os.PathLike) -> dict[str, Any]:
         """Writes the trained model as a SavedModel (`serving.export_saved_model`).

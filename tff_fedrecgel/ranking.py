@@ -16,7 +16,9 @@ import math
 import numpy as np
 import tensorflow as tf
 
-TOP_KS = (5, 10, 15, 20)
+from tff_fedrecgel import sizes
+
+TOP_KS = sizes.TOP_KS
 
 
 def check_top_ks(top_ks: Sequence[int]) -> tuple[int, ...]:

@@ -267,27 +267,38 @@ class TrainedModel:
             [tf.constant(np.asarray(t, np.float32)) for t in tables])
         return scores.numpy()
 
-    def top_k(self, embedding: UserEmbedding, *, k: int = 10) -> list[Recommendation]:
-        """The `k` best items with an original id, the seen ones left out.
+    def top_k(self, embedding: UserEmbedding, *, k: int = 10,
+              exclude: Sequence[Any] | None = None) -> list[Recommendation]:
+        """The `k` best items with an original id, the excluded ones left out.
 
         Ties keep the lower index first.
 
+        Args:
+          embedding: The user's embedding.
+          k: How many items.
+          exclude: Original ids of the items left out (an empty list: none);
+            None: the items the user has seen (as the SavedModel's default).
+
         Raises:
           ValueError: If `k` < 1.
+          DataError: On an unknown id in `exclude`.
         """
         if k < 1:
             raise ValueError(f'k must be >= 1, got {k}')
+        left_out = (np.asarray(embedding.seen_items, np.int64) if exclude is None
+                    else self.items.indices(list(exclude)) if len(exclude)
+                    else np.zeros(0, np.int64))
         scores = self.scores(embedding.tables)[0].astype(np.float64)
         allowed = np.zeros(self.split.num_items, bool)
         allowed[:self.items.num_with_id] = True
-        allowed[np.asarray(embedding.seen_items, np.int64)] = False
+        allowed[left_out] = False
         candidates = np.flatnonzero(allowed)
         order = candidates[np.lexsort((candidates, -scores[candidates]))][:k]
         return [Recommendation(rank=r + 1, item_id=self.items.original(i),
                                score=float(scores[i])) for r, i in enumerate(order)]
 
     def recommend(self, user_id: Any = None, *, items: Sequence[Any] | None = None,
-                  k: int = 10) -> list[Recommendation]:
+                  k: int = 10, exclude: Sequence[Any] | None = None) -> list[Recommendation]:
         """A user's top-`k` items in original ids.
 
         Args:
@@ -295,6 +306,7 @@ class TrainedModel:
           items: For a new user: the original ids of the items it interacted
             with.
           k: How many items.
+          exclude: Original ids left out (`top_k`); None: the seen items.
 
         Returns:
           Best first.
@@ -307,7 +319,7 @@ class TrainedModel:
             if user_id is not None and user_id in self.users:
                 raise DataError(f'user {user_id!r} is in the data; give its id or the '
                                 'items of a new user, not both')
-            return self.top_k(self.embedding_from_items(items), k=k)
+            return self.top_k(self.embedding_from_items(items), k=k, exclude=exclude)
         if user_id is None:
             raise DataError('give a user id, or the items of a new user')
-        return self.top_k(self.user_embedding(user_id), k=k)
+        return self.top_k(self.user_embedding(user_id), k=k, exclude=exclude)

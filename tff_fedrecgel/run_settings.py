@@ -5,15 +5,14 @@
 radii, rounds, client fraction and preset and what the method fixes, and
 checks every value. `launch/train.py` and the Python API (`api.py`) both
 build their runs from them; `Settings.from_hparams` reads a recorded run
-back. Imports no TensorFlow.
+back. Each value's type and range is checked by `setting_checks`; the
+model's and the evaluation's sizes default to `sizes`. Imports no TensorFlow.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 import dataclasses
-import math
-import numbers
 import os
 from typing import Any
 
@@ -22,6 +21,8 @@ import numpy as np
 from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
+from tff_fedrecgel import setting_checks
+from tff_fedrecgel import sizes
 from tff_fedrecgel import tasks
 from tff_fedrecgel.data import batching
 from tff_fedrecgel.errors import DataError
@@ -32,40 +33,24 @@ PRESETS = recipes.PRESETS
 EVAL_PROTOCOLS = ('sampled', 'full', 'both')
 _WORK = algorithm_config.CLIENT_WORK
 _SERVER = algorithm_config.SERVER
-MAX_SEED = 2**32 - 1  # TFF's client sampling seeds numpy's RandomState.
-
-
-# 32-bit signed integers: what TensorFlow's counters and loop bounds hold.
-INT32_MAX = 2**31 - 1
-# Rounds a run may ask for (a round takes at least milliseconds).
-MAX_ROUNDS = 1_000_000
-# Local work per user and round: beyond these a round or an evaluation runs
-# for hours without changing the model any more.
-MAX_LOCAL_EPOCHS = 1_000
-MAX_RECONSTRUCTION_STEPS = 10_000
-
-# Each numeric setting's range: (lowest, lowest allowed itself, highest).
-_RANGES = {
-    'total_rounds': (1, True, MAX_ROUNDS),
-    **dict.fromkeys(('rounds_per_eval', 'rounds_per_full_eval', 'clients_per_round',
-                     'max_group_examples', 'early_stopping_patience', 'eval_users'),
-                    (1, True, INT32_MAX)),
-    'local_epochs': (1, True, MAX_LOCAL_EPOCHS),
-    'reconstruction_steps': (1, True, MAX_RECONSTRUCTION_STEPS),
-    **dict.fromkeys(('rounds_per_checkpoint', 'num_negatives'), (0, True, INT32_MAX)),
-    **dict.fromkeys(('rho_sh', 'rho_ns'), (0, True, None)),
-    'client_fraction': (0, False, 1),
-    **dict.fromkeys(('local_lr', 'server_lr', 'client_lr', 'sharpness_probe'),
-                    (0, False, None)),
-    'seed': (0, True, MAX_SEED),
-    'heldout_users': (0, True, 0.9),
-    'data_seed': (0, True, MAX_SEED),
-}
+# Re-exported: the checks and bounds live in setting_checks.
+MAX_SEED = setting_checks.MAX_SEED
+check_type = setting_checks.check_type
+check_range = setting_checks.check_range
 
 
 def default(name: str) -> Any:
     """The default of a `Settings` field (the flags of the same name use it)."""
     return Settings.__dataclass_fields__[name].default  # pylint: disable=no-member
+
+
+def recorded_default(name: str) -> Any:
+    """What `hparams.json` records for a `Settings` field left at its default
+    (lists as lists); None for other names (a run without them had none)."""
+    if name not in Settings.__dataclass_fields__:  # pylint: disable=no-member
+        return None
+    value = default(name)
+    return list(value) if isinstance(value, tuple) else value
 
 
 def task_default(spec: tasks.Task, name: str) -> Any:
@@ -103,59 +88,11 @@ def changed_settings(hparams: Mapping[str, Any]) -> list[str]:
     changed = []
     for name, value in hparams.items():
         if name in fields:
-            if value != task_default(spec, name):
+            if (tuple(value) if isinstance(value, list) else value) != task_default(spec, name):
                 changed.append(name)
         elif name != 'task' and value is not None and value is not False:
             changed.append(name)
     return changed
-
-
-def check_type(name: str, value: Any, kind: str) -> None:
-    """Refuses a value that is not of `kind` ('int', 'float', 'str', 'bool').
-
-    An int passes as a float; a bool passes only as a bool (True is not 1).
-
-    Raises:
-      SettingError: If `value` is of another type.
-    """
-    if kind == 'bool':
-        ok = isinstance(value, (bool, np.bool_))
-    elif isinstance(value, (bool, np.bool_)):
-        ok = False
-    elif kind == 'int':
-        ok = isinstance(value, numbers.Integral)
-    elif kind == 'float':
-        ok = isinstance(value, numbers.Real)
-    else:
-        ok = isinstance(value, str)
-    if not ok:
-        article = 'an' if kind == 'int' else 'a'
-        what = {'int': 'integer', 'float': 'number', 'str': 'string', 'bool': 'bool'}[kind]
-        raise SettingError(name, f'must be {article} {what}', value)
-
-
-def check_range(name: str, value: Any) -> None:
-    """Refuses NaN, infinities and values out of `name`'s range (None passes).
-
-    Raises:
-      SettingError: If `value` is out of range.
-    """
-    if value is None or name not in _RANGES:
-        return
-    low, low_inclusive, high = _RANGES[name]
-    if isinstance(value, numbers.Real) and not math.isfinite(value):
-        raise SettingError(name, 'must be a finite number', value)
-    if value < low if low_inclusive else value <= low:
-        raise SettingError(name, f'must be {">=" if low_inclusive else ">"} {low}', value)
-    if high is not None and value > high:
-        raise SettingError(name, f'must be <= {high}', value)
-
-
-def _field_kind(field: dataclasses.Field) -> tuple[str | None, bool]:
-    """(kind for `check_type`, whether None is allowed) of a field's annotation."""
-    parts = [p.strip() for p in str(field.type).split('|')]
-    kind = parts[0] if parts[0] in ('int', 'float', 'str', 'bool') else None
-    return kind, 'None' in parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,6 +137,12 @@ class Settings:
       heldout_users: Fraction of users never trained on nor sampled.
       early_stopping_patience: With `validation`, stop after this many
         evaluations without a better validation round (None: never).
+      gmf_dim, mlp_dim, mlp_layers: The NeuMF sizes (`sizes.ModelConfig`).
+      chunk_size: Examples per chunk of 'chunk_sum' (and per minibatch of
+        'model_delta').
+      top_ks: Cut-offs K of HR@K and NDCG@K (with `sizes.SELECT_K`).
+      eval_negatives: Sampled negatives the held-out item is ranked among
+        (the sampled protocol; full ranking needs none).
     """
 
     task: str
@@ -235,6 +178,12 @@ class Settings:
     sharpness_probe: float | None = None
     heldout_users: float = 0.0
     early_stopping_patience: int | None = None
+    gmf_dim: int = sizes.GMF_DIM
+    mlp_dim: int = sizes.MLP_DIM
+    mlp_layers: tuple[int, ...] = sizes.MLP_LAYERS
+    chunk_size: int = _WORK.chunk_size
+    top_ks: tuple[int, ...] = sizes.TOP_KS
+    eval_negatives: int = sizes.EVAL_NEGATIVES
 
     def __post_init__(self):
         for name in ('task', 'algorithm'):
@@ -253,7 +202,7 @@ class Settings:
                 raise SettingError(name, f'must be one of {allowed}', getattr(self, name))
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            kind, optional = _field_kind(field)
+            kind, optional = setting_checks.field_kind(field)
             if kind is not None and not (optional and value is None) and field.name != 'data_dir':
                 check_type(field.name, value, kind)
             check_range(field.name, value)
@@ -265,6 +214,16 @@ class Settings:
         if not isinstance(self.data_options, Mapping):
             raise SettingError('data_options', 'must be a mapping', self.data_options)
         spec.check_options(self.data_options)
+        for name in setting_checks.INT_LISTS:
+            object.__setattr__(self, name, setting_checks.int_list(name, getattr(self, name)))
+        if sizes.SELECT_K not in self.top_ks:
+            raise SettingError('top_ks', f'must include {sizes.SELECT_K} (rounds are selected '
+                               f'on HR@{sizes.SELECT_K})', ','.join(map(str, self.top_ks)))
+        object.__setattr__(self, 'top_ks', tuple(sorted(set(self.top_ks))))
+        if self.eval_protocol != 'full' and max(self.top_ks) > self.eval_negatives + 1:
+            raise SettingError('top_ks', f'must be <= {self.eval_negatives + 1} each (the '
+                               'sampled protocol ranks the item among eval_negatives)',
+                               ','.join(map(str, self.top_ks)))
         if self.early_stopping_patience and not self.validation:
             raise SettingError('early_stopping_patience', 'needs --validation (it watches '
                                'the validation item)', self.early_stopping_patience)
@@ -274,6 +233,7 @@ class Settings:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name != 'data_options'}
         out['data_dir'] = os.path.abspath(self.data_dir) if self.data_dir else None
+        out.update({name: list(getattr(self, name)) for name in setting_checks.INT_LISTS})
         out.update({f'data_{k}': v for k, v in sorted(self.data_options.items())})
         return out
 
@@ -312,6 +272,16 @@ class Settings:
                       **{f.name: getattr(self, f.name) for f in dataclasses.fields(config)
                          if hasattr(self, f.name)})
 
+    @property
+    def split_negatives(self) -> int:
+        """Sampled evaluation negatives the split draws (0 under full ranking
+        alone: a catalog smaller than `eval_negatives` then works)."""
+        return 0 if self.eval_protocol == 'full' else self.eval_negatives
+
+    def model_sizes(self) -> dict[str, Any]:
+        """The `sizes.ModelConfig` fields these settings give (not `num_items`)."""
+        return {'gmf_dim': self.gmf_dim, 'mlp_dim': self.mlp_dim, 'mlp_layers': self.mlp_layers}
+
     def cohort(self, num_users: int) -> int:
         """Users sampled per round: `clients_per_round`, or
         `int(client_fraction * training users)` (at least 1).
@@ -346,17 +316,26 @@ class Settings:
           `cohort(split.num_users)`.
 
         Raises:
-          SettingError: If the cohort or `num_negatives` does not fit the data.
+          SettingError: If the cohort, `num_negatives` or `eval_negatives`
+            does not fit the data.
         """
         clients = self.cohort(split.num_users)
         if 'num_negatives' in methods.get_method(self.algorithm).takes:
             rows = np.bincount(split.train_users, minlength=split.num_users)
             room = int(split.num_items - rows.max()) if len(rows) else split.num_items
             if self.num_negatives > room:
+                busiest = int(rows.argmax())
+                if split.user_ids is not None:
+                    busiest = np.asarray(split.user_ids)[busiest].item()
                 raise SettingError(
-                    'num_negatives', f'must be <= {max(room, 0)} (the items a user with '
-                    f'the most training rows, {int(rows.max())} of {split.num_items} '
-                    'items, did not train on)', self.num_negatives)
+                    'num_negatives', f'must be <= {max(room, 0)} (the items user '
+                    f'{busiest!r}, with the most '
+                    f'training rows, {int(rows.max())} of {split.num_items} items, did not '
+                    'train on)', self.num_negatives)
+        drawn = split.test_negatives.shape[1]
+        if self.split_negatives and drawn != self.eval_negatives:
+            raise SettingError('eval_negatives', f'must be {drawn}, the sampled negatives of '
+                               'the split given', self.eval_negatives)
         return clients
 
     def vectorized(self, one_user_per_client: bool = False) -> bool:
@@ -392,7 +371,8 @@ class Settings:
             users_per_client=None if self.vectorized(one_user_per_client) else 1,
             max_group_examples=self.max_group_examples, model_aggregator=model_aggregator,
             workers=workers, sharpness_probe=self.sharpness_probe,
-            heldout_fraction=self.heldout_users, eval_users=self.eval_users)
+            heldout_fraction=self.heldout_users, eval_users=self.eval_users,
+            model_sizes=self.model_sizes(), top_ks=self.top_ks)
 
 
 # Settings a preset file may not set: they name the run, not its recipe.

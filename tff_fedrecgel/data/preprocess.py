@@ -22,13 +22,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from tff_fedrecgel import sizes
 from tff_fedrecgel.data import loaders
 from tff_fedrecgel.data import negatives
 from tff_fedrecgel.data.split import Split
 from tff_fedrecgel.errors import DataError
 
 MIN_INTERACTIONS = 5
-NUM_HELDOUT_NEGATIVES = 99
+NUM_HELDOUT_NEGATIVES = sizes.EVAL_NEGATIVES
 TEST_NEGATIVE_SEED = 42
 VALID_NEGATIVE_SEED = 43
 
@@ -255,7 +256,8 @@ def build_split(raw: pd.DataFrame, *, validation: bool = False,
       raw: Raw interactions with ``user``, ``item``, ``timestamp``.
       validation: Also hold out each user's second-latest interaction.
       min_interactions: Users with fewer rows are dropped (5 in the paper).
-      num_negatives: Held-out negatives per user (99 in the paper).
+      num_negatives: Held-out negatives per user (99 in the paper; 0: none,
+        for full ranking only).
       test_seed: Seed of the test negatives.
       valid_seed: Seed of the validation negatives.
       num_items: Fixed size of the item index space (Amazon-Video: 11,830);
@@ -321,16 +323,20 @@ def build_split(raw: pd.DataFrame, *, validation: bool = False,
     # Held-out rows are among the interactions excluded from the negatives.
     pairs = negatives.interacted_pairs(users, items, num_users=num_users,
                                        num_items=num_items)
+    _check_room(pairs.available, num_negatives, user_ids, num_items, source)
+
+    def sample(seed):
+        if not num_negatives:  # Full ranking only: no sampled candidates.
+            return np.empty((num_users, 0), np.int32)
+        return negatives.sample(pairs, num_negatives=num_negatives, seed=seed,
+                                source=source, workers=workers)
+
     test_items = _held_out_items(users, items, ranks == 1, num_users)
-    test_negatives = negatives.sample(pairs, num_negatives=num_negatives,
-                                      seed=test_seed, source=source,
-                                      workers=workers)
+    test_negatives = sample(test_seed)
     valid_items = valid_negatives = None
     if validation:
         valid_items = _held_out_items(users, items, ranks == 2, num_users)
-        valid_negatives = negatives.sample(pairs, num_negatives=num_negatives,
-                                           seed=valid_seed, source=source,
-                                           workers=workers)
+        valid_negatives = sample(valid_seed)
     del pairs
     train = ranks > (2 if validation else 1)
     del ranks
@@ -348,6 +354,25 @@ def build_split(raw: pd.DataFrame, *, validation: bool = False,
         item_ids=original_ids(item_ids),
         filtered=filtered,
     )
+
+
+def _check_room(available: np.ndarray, num_negatives: int, user_ids: np.ndarray,
+                num_items: int, source: str) -> None:
+    """Refuses a catalog too small for the sampled negatives, naming the
+    user (by its original id) with the fewest items left."""
+    if not num_negatives or not len(available):
+        return
+    user = int(np.argmin(available))
+    left = int(available[user])
+    user_id = user_ids[user]
+    if isinstance(user_id, np.generic):
+        user_id = user_id.item()
+    if left < num_negatives:
+        raise DataError(
+            f'{source}: user {user_id!r} interacted with {num_items - left} of the '
+            f'{num_items} items, leaving {left} for the {num_negatives} sampled evaluation '
+            'negatives; rank against every item (--eval_protocol=full) or sample fewer '
+            '(--eval_negatives)')
 
 
 def _kept(values: np.ndarray, keep: np.ndarray, every_row: bool) -> np.ndarray:

@@ -9,67 +9,13 @@ The forward math lives in `neumf_logits`, shared by the Keras model and by
 """
 
 from collections.abc import Sequence
-import dataclasses
-import math
 
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_fedrecgel.sizes import ModelConfig  # pylint: disable=unused-import (re-exported)
+
 EMBEDDING_STDDEV = 0.01
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """Sizes of a NeuMF model.
-
-    Attributes:
-      num_items: Number of items (rows of the item embedding tables).
-      gmf_dim: Embedding size of the GMF branch (user and item).
-      mlp_dim: Embedding size of the MLP branch (user and item); the tower's
-        input is their concatenation, `2 * mlp_dim` wide.
-      mlp_layers: Widths of the ReLU layers of the MLP tower. Empty, together
-        with `use_mlp=False`, gives the GMF-only model (the FedMF baseline).
-      use_mlp: Whether the MLP branch exists. False gives GMF only.
-    """
-
-    num_items: int
-    gmf_dim: int = 32
-    mlp_dim: int = 128
-    mlp_layers: tuple[int, ...] = (128, 64, 32)
-    use_mlp: bool = True
-
-    def __post_init__(self):
-        if self.num_items < 1:
-            raise ValueError(f'num_items must be positive, got {self.num_items}')
-        if self.gmf_dim < 1:
-            raise ValueError(f'gmf_dim must be positive, got {self.gmf_dim}')
-        if self.use_mlp and (self.mlp_dim < 1 or not self.mlp_layers):
-            raise ValueError('the MLP branch needs mlp_dim > 0 and mlp_layers')
-
-    @property
-    def table_dims(self) -> tuple[int, ...]:
-        """Widths of the item embedding tables (GMF, then MLP)."""
-        return (self.gmf_dim, self.mlp_dim) if self.use_mlp else (self.gmf_dim,)
-
-    @property
-    def local_dims(self) -> tuple[int, ...]:
-        """Widths of the user embedding tables (the same as the items')."""
-        return self.table_dims
-
-    @property
-    def prediction_input_dim(self) -> int:
-        return self.gmf_dim + (self.mlp_layers[-1] if self.use_mlp else 0)
-
-    def num_global_params(self) -> int:
-        """Number of floats in the global (aggregated) part."""
-        total = self.num_items * self.gmf_dim + self.prediction_input_dim + 1
-        if self.use_mlp:
-            total += self.num_items * self.mlp_dim
-            fan_in = 2 * self.mlp_dim
-            for width in self.mlp_layers:
-                total += fan_in * width + width
-                fan_in = width
-        return total
 
 
 class UserEmbedding(tf.keras.layers.Layer):

@@ -4,7 +4,7 @@ Metric groups, named by what they measure (`test/hr@10` in TensorBoard and
 metrics.csv):
 
   test, valid, heldout            the sampled protocol (the held-out item
-                                  among 99 sampled negatives, the paper's);
+                                  among eval_negatives sampled ones, the paper's);
   test_full, valid_full,          full ranking (the held-out item among every
   heldout_full                    item the user did not train on).
 
@@ -27,9 +27,10 @@ import numpy as np
 
 from tff_fedrecgel import eval_sample
 from tff_fedrecgel import ranking
+from tff_fedrecgel import sizes
 
 PROTOCOLS = ('sampled', 'full', 'both')
-SELECT_ON = 'hr@10'
+SELECT_ON = f'hr@{sizes.SELECT_K}'
 _SUFFIX = {'sampled': '', 'full': '_full'}
 # The training metrics' group; released before the evaluation groups.
 TRAIN_GROUP = 'train'
@@ -66,6 +67,7 @@ class EvaluationPlan:
       stderr: Whether the evaluations are of a sample of users
         (`eval_sample`): selections then record each metric's standard
         error (`<metric>_se`) too.
+      top_ks: Cut-offs K of the evaluations (HR@K, NDCG@K).
     """
 
     protocol: str = 'sampled'
@@ -74,6 +76,7 @@ class EvaluationPlan:
     validation: bool = False
     heldout: bool = False
     stderr: bool = False
+    top_ks: tuple[int, ...] = sizes.TOP_KS
 
     def __post_init__(self):
         if self.protocol not in PROTOCOLS:
@@ -137,10 +140,9 @@ class EvaluationPlan:
 
         return sorted(dict.fromkeys(names), key=key)
 
-    @staticmethod
-    def metric_names(protocol: str) -> list[str]:
+    def metric_names(self, protocol: str) -> list[str]:
         """Metrics of a group: HR@K, NDCG@K, and MRR under full ranking."""
-        return ranking.metric_names(mrr=protocol == 'full')
+        return ranking.metric_names(self.top_ks, mrr=protocol == 'full')
 
     def selections(self) -> list[tuple[str, str, str]]:
         """`(name, protocol, group selected on)` of every round selection."""

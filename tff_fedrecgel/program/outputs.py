@@ -244,9 +244,15 @@ def has_checkpoint(paths: ExperimentPaths) -> bool:
 
 
 def _changed_settings(previous: Mapping[str, Any], hparams: Mapping[str, Any]) -> list[str]:
+    from tff_fedrecgel import run_settings  # pylint: disable=g-import-not-at-top
+
+    # A setting added since a run was recorded has its default there.
+    def before(k):
+        return previous[k] if k in previous else run_settings.recorded_default(k)
+
     return sorted(
         k for k in set(previous) | set(hparams)
-        if k not in RESUMABLE_CHANGES and previous.get(k) != hparams.get(k))
+        if k not in RESUMABLE_CHANGES and before(k) != hparams.get(k))
 
 
 def check_hparams(paths: ExperimentPaths, hparams: Mapping[str, Any]) -> None:

@@ -76,7 +76,8 @@ _HELD_OUT = {
                 'rebuilt from their own data'),
 }
 _CANDIDATES = {
-    'sampled': 'against its 99 sampled negatives (the paper\'s protocol)',
+    'sampled': ('against its sampled negatives (eval_negatives of them; the paper\'s '
+                'protocol with 99)'),
     'full': 'against every item the user did not train on (full ranking)',
 }
 _RANKING = {

@@ -241,7 +241,7 @@ def run_training(
       hparams: Settings shown in TensorBoard's hparams dashboard.
       validation: Whether the split has validation items; then the round with
         the best validation HR@10 is reported too (the honest selection).
-      eval_protocol: 'sampled' (99 sampled negatives, the paper's), 'full'
+      eval_protocol: 'sampled' (eval_negatives sampled negatives, the paper's 99), 'full'
         (every item the user did not train on) or 'both'
         (`evaluation_plan.EvaluationPlan`); users the simulation holds out are
         evaluated under the same protocols.
@@ -271,7 +271,7 @@ def run_training(
         protocol=eval_protocol, rounds_per_eval=rounds_per_eval,
         rounds_per_full_eval=rounds_per_full_eval, validation=validation,
         heldout=len(simulation.heldout_users) > 0,
-        stderr=_evaluation_sample(simulation) is not None)
+        stderr=_evaluation_sample(simulation) is not None, top_ks=simulation.top_ks)
     if early_stopping_patience and plan.served_selection is None:
         raise ValueError('early stopping needs a validation item (validation=True)')
     loop = asyncio.new_event_loop()

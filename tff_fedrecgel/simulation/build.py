@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -11,6 +12,7 @@ import tensorflow_federated as tff
 
 from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import methods
+from tff_fedrecgel import sizes
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.algorithms import fedrecgel
 from tff_fedrecgel.data import batching
@@ -21,11 +23,21 @@ from tff_fedrecgel.simulation import context
 from tff_fedrecgel.simulation.driver import Simulation
 
 
-def model_config_for(method: methods.Method, num_items: int) -> neumf.ModelConfig:
-    """The NeuMF sizes a method trains (FedMF: GMF only)."""
+def model_config_for(method: methods.Method, num_items: int,
+                     model_sizes: Mapping[str, Any] | None = None) -> neumf.ModelConfig:
+    """The NeuMF sizes a method trains (FedMF: GMF only).
+
+    Args:
+      method: The method.
+      num_items: Items of the data.
+      model_sizes: `gmf_dim`, `mlp_dim`, `mlp_layers` (`Settings.model_sizes`);
+        None or a missing one: the paper's (`sizes`).
+    """
+    model_sizes = dict(model_sizes or {})
     if method.gmf_only:
-        return neumf.ModelConfig(num_items=num_items, use_mlp=False, mlp_layers=())
-    return neumf.ModelConfig(num_items=num_items)
+        return neumf.ModelConfig(num_items=num_items, use_mlp=False, mlp_layers=(),
+                                 **{k: v for k, v in model_sizes.items() if k == 'gmf_dim'})
+    return neumf.ModelConfig(num_items=num_items, **model_sizes)
 
 
 def build_simulation(
@@ -45,6 +57,8 @@ def build_simulation(
     sharpness_probe: float | None = None,
     heldout_fraction: float = 0.0,
     eval_users: int | None = None,
+    model_sizes: Mapping[str, Any] | None = None,
+    top_ks: Sequence[int] = sizes.TOP_KS,
 ) -> Simulation:
     """A simulation of `method` on `split`.
 
@@ -70,6 +84,8 @@ def build_simulation(
         embeddings rebuilt from their data (`Simulation`).
       eval_users: Evaluate a fixed sample of this many users of each
         population, with standard errors (`Simulation`); None: everyone.
+      model_sizes: The NeuMF sizes (`model_config_for`).
+      top_ks: Cut-offs K of the evaluations.
 
     Returns:
       An uninitialized `Simulation`.
@@ -90,7 +106,7 @@ def build_simulation(
     rho_sh, rho_ns = spec.radii(work.rho_sh, work.rho_ns)
     held = heldout_users_for(split.num_users, heldout_fraction)
     algorithm = spec.build(context.BuildContext(
-        split=split, model_config=model_config_for(spec, split.num_items),
+        split=split, model_config=model_config_for(spec, split.num_items, model_sizes),
         work=dataclasses.replace(work, rho_sh=rho_sh, rho_ns=rho_ns),
         clients_per_round=clients_per_round, seed=seed, server_lr=server_lr,
         server_optimizer=server_optimizer, num_negatives=num_negatives,
@@ -100,4 +116,5 @@ def build_simulation(
         training_users=np.setdiff1d(np.arange(split.num_users), held)))
     return Simulation(split=split, algorithm=algorithm, clients_per_round=clients_per_round,
                       seed=seed, num_negatives=num_negatives,
-                      heldout_fraction=heldout_fraction, eval_users=eval_users)
+                      heldout_fraction=heldout_fraction, eval_users=eval_users,
+                      top_ks=top_ks)

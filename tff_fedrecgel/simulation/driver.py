@@ -25,6 +25,8 @@ import tensorflow_federated as tff
 from tff_fedrecgel import eval_sample
 from tff_fedrecgel import evaluation
 from tff_fedrecgel import full_ranking
+from tff_fedrecgel import ranking
+from tff_fedrecgel import sizes
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.data.client_data import Batch
 from tff_fedrecgel.data.client_data import FederatedTrainData
@@ -98,7 +100,7 @@ class Simulation:
 
     def __init__(self, *, split: Split, algorithm: Algorithm, clients_per_round: int,
                  seed: int = 0, num_negatives: int = 4, heldout_fraction: float = 0.0,
-                 eval_users: int | None = None):
+                 eval_users: int | None = None, top_ks: Sequence[int] = sizes.TOP_KS):
         """Prepares the per-user data and the cohort sampling.
 
         Args:
@@ -116,6 +118,7 @@ class Simulation:
             training users, the held-out users), the same sample every round
             (`eval_sample.sample_positions`), with standard errors; None:
             everyone.
+          top_ks: Cut-offs K of HR@K and NDCG@K.
 
         Raises:
           ValueError: On inconsistent sizes.
@@ -140,6 +143,7 @@ class Simulation:
         self.seed = seed
         self.num_negatives = num_negatives
         self.eval_users = eval_users
+        self.top_ks = ranking.check_top_ks(top_ks)
         self.train_data = FederatedTrainData.from_split(split)
         population = (range(split.num_users) if not len(self.heldout_users)
                       else self.train_users.tolist())
@@ -249,7 +253,7 @@ class Simulation:
         Args:
           which: 'test' or 'valid'.
           heldout: Evaluate the held-out users instead of the training users.
-          protocol: 'sampled': the item among its 99 sampled negatives (HR@K,
+          protocol: 'sampled': the item among its sampled negatives (HR@K,
             NDCG@K; the paper's protocol); 'full': among every item the user
             did not train on (HR@K, NDCG@K, MRR).
 
@@ -273,23 +277,23 @@ class Simulation:
         if protocol == 'sampled':
             candidates = self.split.candidates(which, users)
             if scores is not None:
-                return dict(evaluation.evaluate_item_scores(scores, candidates,
-                                                            sample_of=sample_of))
+                return dict(evaluation.evaluate_item_scores(
+                    scores, candidates, top_ks=self.top_ks, sample_of=sample_of))
             metrics = evaluation.evaluate_users(
                 self.algorithm.model_config, self.global_weights,
                 self._evaluation_tables(heldout, users, positions), candidates,
-                sample_of=sample_of)
+                top_ks=self.top_ks, sample_of=sample_of)
         else:
             targets = self.split.candidates(which, users)[:, 0]
             csr = self.train_data.csr(users)
             if scores is not None:
-                metrics = full_ranking.evaluate_item_scores(scores, targets, csr,
-                                                            sample_of=sample_of)
+                metrics = full_ranking.evaluate_item_scores(
+                    scores, targets, csr, top_ks=self.top_ks, sample_of=sample_of)
             else:
                 metrics = full_ranking.evaluate_full(
                     self.algorithm.model_config, self.global_weights,
                     self._evaluation_tables(heldout, users, positions), targets, csr,
-                    sample_of=sample_of)
+                    top_ks=self.top_ks, sample_of=sample_of)
         return {k: float(v) for k, v in metrics.items()}
 
     def get_state(self) -> collections.OrderedDict:
