@@ -49,6 +49,7 @@ _BATCH = flags.DEFINE_integer('batch_size', algorithm_config.PFEDREC.batch_size,
 _PER_USER = flags.DEFINE_bool('per_user', False, 'One user per TFF client (else one group).')
 _TOLERANCE = flags.DEFINE_float('tolerance', 1e-5, 'Largest allowed absolute difference.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the weights, batches and orders.')
+_KEEP = flags.DEFINE_string('keep_dir', None, 'Keep the case and both sides\' results here.')
 
 
 def _case(split, config, users, rounds, seed):
@@ -109,14 +110,16 @@ def _project_side(case, config, per_user):
 
 
 def compare(ours, theirs) -> collections.OrderedDict:
-    """Largest absolute differences: per round, the server table and each
-    user part (w, b, table) over the users."""
+    """Per round, for the server table and each user part (w, b, table) over
+    the users: (largest absolute difference, largest |authors' value|)."""
     diffs = collections.OrderedDict()
     for key in sorted(theirs):
         part = key.split('_')[-1] if '_u' in key else 'server_table'
         name = f'{key.split("_")[0]} {part}'
         diff = float(np.max(np.abs(np.asarray(ours[key], np.float64) - theirs[key])))
-        diffs[name] = max(diffs.get(name, 0.0), diff)
+        scale = float(np.max(np.abs(theirs[key])))
+        old = diffs.get(name, (0.0, 0.0))
+        diffs[name] = (max(old[0], diff), max(old[1], scale))
     return diffs
 
 
@@ -130,22 +133,26 @@ def main(argv):
     users = sorted(np.argsort(-counts, kind='stable')[:_USERS.value].tolist())
     case = _case(split, config, users, _ROUNDS.value, _SEED.value)
     with tempfile.TemporaryDirectory() as tmp:
-        case_path, out_path = os.path.join(tmp, 'case.npz'), os.path.join(tmp, 'out.npz')
+        folder = _KEEP.value or tmp
+        os.makedirs(folder, exist_ok=True)
+        case_path, out_path = os.path.join(folder, 'case.npz'), os.path.join(folder, 'out.npz')
         np.savez(case_path, **case)
         subprocess.run([_TORCH.value, os.path.join(os.path.dirname(__file__),
                                                    'oracle_pfedrec_authors.py'),
                         _AUTHORS.value, case_path, out_path], check=True)
         theirs = dict(np.load(out_path))
-    ours = _project_side(case, config, _PER_USER.value)
+        ours = _project_side(case, config, _PER_USER.value)
+        if _KEEP.value:
+            np.savez(os.path.join(folder, 'ours.npz'), **ours)
     diffs = compare(ours, theirs)
     print(f'{_TASK.value}: {split.num_users} users x {split.num_items} items; case of '
           f'{len(users)} users with {int(counts[users].sum())} training rows, '
           f'{_ROUNDS.value} rounds, batch {config.batch_size}, {config.local_epochs} '
           f'local epoch(s), {"one user per" if _PER_USER.value else "one group in one"} '
           'TFF client')
-    for name, diff in diffs.items():
-        print(f'  max |ours - authors| {name:<18} {diff:.3g}')
-    worst = max(diffs.values())
+    for name, (diff, scale) in diffs.items():
+        print(f'  max |ours - authors| {name:<16} {diff:.3g}  (max |authors| {scale:.3g})')
+    worst = max(diff for diff, _ in diffs.values())
     print(f'max abs diff {worst:.3g} (tolerance {_TOLERANCE.value:g}): '
           f'{"OK" if worst <= _TOLERANCE.value else "FAILED"}')
     sys.exit(0 if worst <= _TOLERANCE.value else 1)

@@ -4,6 +4,7 @@ average, what the server sees, and learning on a small planted dataset."""
 import collections
 
 import numpy as np
+import pandas as pd
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -12,7 +13,6 @@ from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import run_settings
 from tff_fedrecgel.algorithms import pfedrec
 from tff_fedrecgel.data import preprocess
-from tff_fedrecgel.data import synthetic
 
 NUM_ITEMS = 9
 CONFIG = algorithm_config.PFedRecConfig(latent_dim=4, score_lr=0.3, item_lr_eta=0.05,
@@ -167,8 +167,16 @@ def test_the_privacy_check_can_fail():
 
 @pytest.fixture(scope='module')
 def planted():
-    return preprocess.build_split(synthetic.generate_synthetic(
-        num_users=80, num_items=120, mean_interactions=12, seed=3), num_negatives=49)
+    """Two tastes: even users take items of the first half, odd users of the
+    second; popularity cannot tell them apart, a personal model can."""
+    rng = np.random.default_rng(0)
+    num_users, num_items, per_user = 60, 40, 10
+    rows = []
+    for u in range(num_users):
+        pool = np.arange(num_items // 2) + (num_items // 2) * (u % 2)
+        rows += [(u, int(i), t) for t, i in enumerate(rng.choice(pool, per_user, replace=False))]
+    return preprocess.build_split(pd.DataFrame(rows, columns=['user', 'item', 'timestamp']),
+                                  num_negatives=20)
 
 
 def _simulation(split, algorithm, **overrides):
@@ -188,8 +196,8 @@ def test_pfedrec_learns_above_popularity_and_resumes(planted):
         metrics = model.run_round()
     assert np.isfinite(metrics['loss'])
     after = model.evaluate('test')
-    assert after['hr@10'] > pop.evaluate('test')['hr@10'] + 0.05
-    assert after['hr@10'] > before
+    assert after['hr@10'] > pop.evaluate('test')['hr@10'] + 0.2
+    assert after['hr@10'] > before + 0.1
     full = model.evaluate('test', protocol='full')
     assert 0 <= full['mrr'] <= 1 and 'ndcg@10' in full
     heldout = model.evaluate('test', heldout=True)
