@@ -125,7 +125,7 @@ def compare(ours, theirs) -> collections.OrderedDict:
 
 def main(argv):
     del argv
-    import tasks  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import tasks  # pylint: disable=g-import-not-at-top
     split = tasks.get_task(_TASK.value).load_split(data_dir=_DATA_DIR.value)
     config = algorithm_config.PFedRecConfig(local_epochs=_EPOCHS.value,
                                             batch_size=_BATCH.value)
