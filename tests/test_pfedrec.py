@@ -225,3 +225,21 @@ def test_the_peers_plan_runs_each_peer_under_its_authors_settings():
     assert '--heldout_users=0.1' in flags and '--validation' in flags
     with pytest.raises(ValueError, match='no peer settings for fedrecgel'):
         peers_study.peers_plan(methods=['fedrecgel'])
+
+
+def test_per_user_full_ranks_agree_with_the_shared_score_path():
+    """Per-user scores that happen to be equal rank as one shared score vector."""
+    from tff_fedrecgel import full_ranking  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import ranking  # pylint: disable=g-import-not-at-top
+
+    rng = np.random.default_rng(4)
+    scores = rng.random(30).astype(np.float32)
+    heldout = np.array([3, 7, 11, 0])
+    indptr, items = np.array([0, 2, 3, 6, 6]), np.array([1, 3, 5, 2, 7, 9])
+    ranks = full_ranking.ranks_from_scores(np.tile(scores, (4, 1)), heldout, (indptr, items))
+    shared = full_ranking.evaluate_item_scores(scores, heldout, (indptr, items))
+    per_user = ranking.metrics_from_ranks(ranks, mrr=True)
+    for key, value in shared.items():
+        assert float(np.mean(per_user[key])) == pytest.approx(value)
+    # User 0: every item but its training item 1 and its target 3, at least as high.
+    assert ranks[0] == int(np.sum(np.delete(scores, [1, 3]) >= scores[3]))
