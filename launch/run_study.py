@@ -46,6 +46,7 @@ _entry.setup_environment()
 
 from absl import flags
 
+from tff_fedrecgel.launch import peers_study
 from tff_fedrecgel.launch import study
 from tff_fedrecgel.launch import transfer_study
 from tff_fedrecgel import tasks
@@ -68,13 +69,16 @@ _ONLY = flags.DEFINE_string(
     'only', None, 'Run just the runs whose name contains this text.')
 _LIST = flags.DEFINE_bool('list', False, 'Print the plan and exit.')
 _PLAN = flags.DEFINE_enum(
-    'plan', 'paper', ['paper', 'recipe', 'transfer'],
+    'plan', 'paper', ['paper', 'recipe', 'transfer', 'peers'],
     'paper: the reproduction of the paper (its protocol, docs/ALGORITHM.md; '
     'every method); '
     'recipe: the popularity floor, the central ceiling and the tuned recipe, '
     'with a validation item, 10% held-out users and both protocols; transfer: '
     'candidate recipes on every dataset and a generated log, for the choice of '
-    '--preset=auto by leaving one dataset out (launch/transfer_study.py).')
+    '--preset=auto by leaving one dataset out (launch/transfer_study.py); '
+    'peers: the peer recommenders (PFedRec) under their authors\' settings beside '
+    'the popularity floor, with a validation item, 10% held-out users and both '
+    'protocols (--methods does not apply).')
 
 # How long stopped runs get to write their checkpoint before they are killed.
 _STOP_SECONDS = 120.0
@@ -92,6 +96,9 @@ def _plan(datasets_dir: pathlib.Path | None) -> list[study.Run]:
     for name in _DATASETS.value:
         if name not in study.DATASETS:
             raise DataError(f'unknown dataset {name!r}; choose from {", ".join(study.DATASETS)}')
+    if _PLAN.value == 'peers':
+        runs = peers_study.peers_plan(datasets=_DATASETS.value)
+        return [run for run in runs if not _ONLY.value or _ONLY.value in run.name]
     for name in _METHODS.value:
         if name not in study.METHODS:
             raise DataError(f'unknown method {name!r}; choose from {", ".join(study.METHODS)}')

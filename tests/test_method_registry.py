@@ -88,6 +88,9 @@ def test_a_new_method_trains_and_evaluates_from_its_registration(registered):
     ('central', ['rho_sh', 'rho_ns', 'server_lr', 'server_optimizer', 'local_state',
                  'loss_reduction', 'update', 'local_epochs', 'client_lr',
                  'client_weighting', 'sharpness_probe', 'workers']),
+    ('pfedrec', ['rho_sh', 'rho_ns', 'local_lr', 'server_lr', 'server_optimizer',
+                 'local_state', 'reconstruction_steps', 'loss_reduction', 'update',
+                 'client_lr', 'client_weighting', 'sharpness_probe', 'workers']),
     ('itempop', list(methods.TRAINING_SETTINGS)),
 ])
 def test_what_each_method_refuses(name, refused):

@@ -113,3 +113,41 @@ class ServerConfig:
 
 CLIENT_WORK = ClientWorkConfig()
 SERVER = ServerConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class PFedRecConfig:
+    """PFedRec's client work (`algorithms/pfedrec.py`); defaults are its
+    authors' published settings (docs/ALGORITHM.md, "PFedRec").
+
+    Attributes:
+      latent_dim: Item embedding size.
+      score_lr: SGD learning rate of the personal score function.
+      item_lr_eta: The item embedding's SGD learning rate is
+        `score_lr * num_items * item_lr_eta` (the authors' scaling).
+      batch_size: Examples per local minibatch (the last one may be short).
+      local_epochs: Local epochs over the user's round batch.
+    """
+
+    latent_dim: int = 32
+    score_lr: float = 0.1
+    item_lr_eta: float = 80.0
+    batch_size: int = 256
+    local_epochs: int = 1
+
+    def __post_init__(self):
+        for name in ('score_lr', 'item_lr_eta'):
+            if not 0 < getattr(self, name) < float('inf'):
+                raise ValueError(f'{name} must be positive and finite, got '
+                                 f'{getattr(self, name)}')
+        for name in ('latent_dim', 'batch_size', 'local_epochs'):
+            if isinstance(getattr(self, name), bool) or getattr(self, name) < 1:
+                raise ValueError(f'{name} must be a positive integer, got '
+                                 f'{getattr(self, name)}')
+
+    def item_lr(self, num_items: int) -> float:
+        """The item embedding's learning rate for `num_items` items."""
+        return self.score_lr * num_items * self.item_lr_eta
+
+
+PFEDREC = PFedRecConfig()

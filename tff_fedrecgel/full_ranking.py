@@ -422,3 +422,32 @@ def build_federated_full_evaluation(
             collections.OrderedDict((n, means[i]) for i, n in enumerate(names)))
 
     return evaluate
+
+
+def ranks_from_scores(scores: np.ndarray, heldout_items: np.ndarray,
+                      train_csr: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Full-ranking ranks of users scored by a model of their own (PFedRec).
+
+    Args:
+      scores: float `[users, num_items]`, each user's score of every item.
+      heldout_items: int `[users]` targets.
+      train_csr: `(indptr, items)` of the users' training items (excluded
+        from their candidates, except the target).
+
+    Returns:
+      int32 `[users]` ranks, as `evaluate_full` counts them.
+
+    Raises:
+      ValueError: On inconsistent shapes or out-of-range items.
+    """
+    scores = np.asarray(scores, np.float32)
+    heldout = np.asarray(heldout_items)
+    if scores.ndim != 2 or heldout.shape != (scores.shape[0],):
+        raise ValueError(f'scores must be [users, num_items] and heldout_items [users], got '
+                         f'{scores.shape} and {heldout.shape}')
+    if heldout.size and (heldout.min() < 0 or heldout.max() >= scores.shape[1]):
+        raise ValueError(f'heldout_items must be in [0, {scores.shape[1]})')
+    heldout = heldout.astype(np.int32)
+    pair_users, pair_items = _excluded_pairs(train_csr, heldout, scores.shape[1])
+    return _ranks(tf.constant(scores), tf.constant(heldout),
+                  tf.constant(pair_users.astype(np.int32)), tf.constant(pair_items)).numpy()

@@ -2,7 +2,8 @@
 
 FedRecGEL, FedNCF and the two SAM ablations are one algorithm with different
 SAM radii; FedMF is it on the GMF-only model; FedRecon is TFF's Federated
-Reconstruction on the same NeuMF. Each method is one `Method`: the settings
+Reconstruction on the same NeuMF; PFedRec is a peer recommender with its own
+model (no user embedding). Each method is one `Method`: the settings
 it takes and fixes, its builder, whether it exports, is tuned and takes DP.
 The command line, the API, the study plan, the tuner, the export and the
 simulation builder all read this one registry: a new method is its adapter
@@ -23,6 +24,7 @@ from tff_fedrecgel.errors import SettingError
 
 FEDRECGEL = 'fedrecgel'
 FEDRECON = 'fedrecon'
+PFEDREC = 'pfedrec'
 ITEMPOP = 'itempop'
 CENTRAL = 'central'
 
@@ -49,7 +51,7 @@ class Method:
       rho_ns: The local radius it fixes (None: the task's or the flag's).
       gmf_only: Whether it uses the GMF-only model (no MLP branch).
       algorithm: Its family: `FEDRECGEL` (one TFF process, SAM radii as
-        settings), `FEDRECON`, `ITEMPOP` (the popularity floor) or `CENTRAL`
+        settings), `FEDRECON`, `PFEDREC`, `ITEMPOP` (the popularity floor) or `CENTRAL`
         (the non-federated ceiling).
       builder: `'module:function'` building its simulation algorithm from a
         `simulation.context.BuildContext` (imported when first built).
@@ -133,6 +135,13 @@ METHODS = {m.name: m for m in (
            fixes={'local_state': 'reconstruct', 'loss_reduction': 'mean'},
            note='TFF\'s FedRecon: mean loss, no user state', private=False,
            exports=False, tunable=False),
+    Method('pfedrec', 'PFedRec', 'PFedRec (Zhang et al., IJCAI 2023): item embeddings averaged by '
+           'the server, each user\'s score function kept on its device and its item view '
+           'fine-tuned locally', rho_sh=0.0, rho_ns=0.0, algorithm=PFEDREC,
+           builder='tff_fedrecgel.simulation.pfedrec_adapter:build',
+           takes=frozenset({'num_negatives', 'local_epochs'}),
+           note='PFedRec: SGD at its authors\' rates, no server optimizer, no user embedding',
+           private=False, exports=False, tunable=False),
     Method('itempop', 'popularity', 'item popularity counted federatedly, no model (the floor)',
            rho_sh=0.0, rho_ns=0.0, algorithm=ITEMPOP,
            builder='tff_fedrecgel.simulation.baseline_adapters:build_itempop',

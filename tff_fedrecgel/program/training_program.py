@@ -211,6 +211,19 @@ def _check_round(simulation, train: Mapping[str, float], round_num: int,
             f'inf); stopped ({kept}); lower the learning rates or the SAM radii')
 
 
+def _projector_tables(simulation) -> dict[str, np.ndarray] | None:
+    """The item tables TensorBoard's projector shows (None: the model has none)."""
+    own = getattr(simulation.algorithm, 'projector_tables', None)
+    if own is not None:
+        return own()
+    if simulation.algorithm.item_scores is not None:  # Scores, no tables.
+        return None
+    item_gmf, item_mlp, _, _ = neumf.split_global_weights(  # A NeuMF.
+        simulation.algorithm.model_config, simulation.global_weights)
+    return {'item_gmf': item_gmf} if item_mlp is None else {
+        'item_gmf': item_gmf, 'item_mlp': item_mlp}
+
+
 def run_training(
     simulation: Simulation,
     *,
@@ -439,14 +452,11 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
     if test_metrics is None and simulation.round_num > 0:
         # Resumed at or past total_rounds: report the current model.
         test_metrics = simulation.evaluate('test', protocol=plan.protocols[0])
-    if simulation.algorithm.item_scores is None:  # A NeuMF: its item tables.
-        item_gmf, item_mlp, _, _ = neumf.split_global_weights(
-            simulation.algorithm.model_config, simulation.global_weights)
+    item_tables = _projector_tables(simulation)
+    if item_tables is not None:
         with _writing(f'the item projector in {paths.tensorboard_run}'):
             tensorboard_extras.write_item_projector(
-                paths.tensorboard_run, split=simulation.split,
-                item_tables={'item_gmf': item_gmf} if item_mlp is None else {
-                    'item_gmf': item_gmf, 'item_mlp': item_mlp})
+                paths.tensorboard_run, split=simulation.split, item_tables=item_tables)
     with _writing(f'the selected metrics in {paths.tensorboard_run}'):
         # Also on a resume with nothing left to run: one file, one value a tag.
         tensorboard_hparams.write_selected(paths.tensorboard_run,

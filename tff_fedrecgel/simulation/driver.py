@@ -37,6 +37,9 @@ from tff_fedrecgel.models import neumf
 # Users who rebuild their embedding for evaluation draw their batches as
 # "round 0" (training rounds are numbered from 1).
 EVAL_ROUND = 0
+# Users scored per call by an algorithm with per-user models (bounds the
+# [users, num_items] scores in memory).
+PERSONAL_SCORE_USERS = 256
 
 
 class Algorithm(Protocol):
@@ -49,6 +52,12 @@ class Algorithm(Protocol):
       item_scores: None for a NeuMF; an algorithm that ranks by one score per
         item, the same for every user (item popularity), gives them here,
         float `[num_items]`, and the driver needs no embeddings.
+
+    An algorithm whose users each score items with a model of their own
+    (PFedRec) has a method `score_items(users, batches)` -> float
+    `[len(users), num_items]`: training users (`batches` None) with their
+    stored models, new users first fitted on their `batches`; the driver
+    then ranks those scores and needs no embeddings either.
     """
 
     model_config: neumf.ModelConfig
@@ -273,6 +282,9 @@ class Simulation:
         users, positions = self.evaluated_users(heldout=heldout)
         sample_of = None if positions is None else len(
             self.heldout_users if heldout else self.train_users)
+        if getattr(self.algorithm, 'score_items', None) is not None:
+            return self._evaluate_personal(which, users, heldout=heldout, protocol=protocol,
+                                           sample_of=sample_of)
         scores = self.algorithm.item_scores
         if protocol == 'sampled':
             candidates = self.split.candidates(which, users)
@@ -295,6 +307,27 @@ class Simulation:
                     self._evaluation_tables(heldout, users, positions), targets, csr,
                     top_ks=self.top_ks, sample_of=sample_of)
         return {k: float(v) for k, v in metrics.items()}
+
+    def _evaluate_personal(self, which: str, users: np.ndarray, *, heldout: bool,
+                           protocol: str, sample_of: int | None) -> dict[str, float]:
+        """`evaluate` for an algorithm whose users score with their own models."""
+        per_user = collections.defaultdict(list)
+        for start in range(0, len(users), PERSONAL_SCORE_USERS):
+            chunk = users[start:start + PERSONAL_SCORE_USERS]
+            scores = self.algorithm.score_items(
+                chunk, self.batches(chunk, EVAL_ROUND) if heldout else None)
+            candidates = self.split.candidates(which, chunk)
+            if protocol == 'sampled':
+                metrics = ranking.ranking_metrics(
+                    np.take_along_axis(scores, candidates, axis=1))
+            else:
+                ranks = full_ranking.ranks_from_scores(
+                    scores, candidates[:, 0], self.train_data.csr(chunk))
+                metrics = ranking.metrics_from_ranks(ranks, mrr=True)
+            for key, values in metrics.items():
+                per_user[key].append(np.asarray(values))
+        return {k: float(v) for k, v in eval_sample.summarize(
+            {k: np.concatenate(v) for k, v in per_user.items()}, sample_of).items()}
 
     def get_state(self) -> collections.OrderedDict:
         """Everything needed to resume: the algorithm's state and the round."""

@@ -1,0 +1,53 @@
+"""The peers study (issue 28): the peer recommenders beside the popularity floor.
+
+Each peer method runs under its authors' settings (the flags beyond the
+common ones, `PEER_SETTINGS`); every run holds out a validation item and 10%
+of the users and evaluates under both protocols, as the recipe study does.
+`launch/run_study.py --plan=peers` runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tff_fedrecgel.launch import study
+from tff_fedrecgel.launch.study import Run
+
+# PFedRec's authors train every user every round (their code's defaults:
+# 4 negatives, 1 local epoch, which are the project's defaults too).
+PEER_SETTINGS = {'pfedrec': ('--client_fraction=1',)}
+PEER_SEEDS = 5
+
+
+def peers_plan(datasets: Sequence[str] = study.DATASETS,
+               methods: Sequence[str] = tuple(PEER_SETTINGS),
+               seeds: int = PEER_SEEDS) -> list[Run]:
+    """The peers study's runs: per dataset the floor, then each peer method,
+    `seeds` seeds each, lowest seeds first.
+
+    Args:
+      datasets: Task names.
+      methods: Peer methods (names of `PEER_SETTINGS`).
+      seeds: Seeds of each.
+
+    Returns:
+      The runs.
+
+    Raises:
+      ValueError: For a method without authors' settings here.
+    """
+    unknown = [m for m in methods if m not in PEER_SETTINGS]
+    if unknown:
+        raise ValueError(f'no peer settings for {", ".join(unknown)}; choose from '
+                         f'{", ".join(PEER_SETTINGS)}')
+    runs = []
+    for dataset in datasets:
+        common = dict(dataset=dataset, validation=True, heldout_users=study.RECIPE_HELDOUT,
+                      eval_protocol='both',
+                      rounds_per_full_eval=study.RECIPE_FULL_EVERY[dataset])
+        for s in range(seeds):
+            runs.append(Run(name=f'{dataset}/itempop_seed{s}', method='itempop', seed=s,
+                            **common))
+            runs += [Run(name=f'{dataset}/peer_{m}_seed{s}', method=m, seed=s,
+                         extra=PEER_SETTINGS[m], **common) for m in methods]
+    return sorted(runs, key=lambda run: (run.seed, run.name))
