@@ -75,6 +75,28 @@ def test_neumf_as_a_reconstruction_model_gives_the_fast_paths_update(local_state
     _assert_close(ours, theirs)
 
 
+def test_fedmf_is_the_builder_on_a_gmf_only_reconstruction_model():
+    """FedMF: `build_fedrecgel_process` on the GMF-only model, equal to the fast path."""
+    config = dataclasses.replace(CONFIG, use_mlp=False, mlp_layers=())
+    work = _work('persistent', 'gradient')
+    ours = fedrecgel.build_fedrecgel_process(
+        functools.partial(neumf.build_reconstruction_model, config, seed=4), work=work)
+    theirs = fedrecgel.build_round_pieces(
+        model_config=config, init_seed=4,
+        client_update=client_update.build_client_update(config, work, single_user=True)).process
+    rng = np.random.default_rng(5)
+    data = [(rng.integers(0, config.num_items, n).astype(np.int32),
+             (rng.random(n) < 0.3).astype(np.float32)) for n in (12, 30)]
+    states = [model_client_work.initial_client_state(
+        functools.partial(neumf.build_reconstruction_model, config, seed=s)) for s in (1, 2)]
+    our_state, our_clients, _ = ours.next(ours.initialize(), states, data)
+    their_state, their_clients, _ = theirs.next(
+        theirs.initialize(), states, [collections.OrderedDict(items=i, labels=l) for i, l in data])
+    assert [np.shape(w) for w in our_state.global_weights] == [(20, 4), (4, 1), (1,)]
+    _assert_close(our_state.global_weights, their_state.global_weights)
+    _assert_close(our_clients, their_clients)
+
+
 @pytest.mark.parametrize('update', algorithm_config.UPDATE_MODES)
 def test_adaptive_sam_is_the_same_on_both_paths_and_not_plain_sam(update):
     """FedASAM's client work (ASAM on the global part) through either form."""
