@@ -14,7 +14,6 @@ group of users at once (the simulation's fast path); tests hold the two equal.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable
 
 import numpy as np
