@@ -1,27 +1,18 @@
-"""Evaluation flags of launch/train.py: protocols, cut-offs, schedule and
-who is evaluated. Their defaults are `run_settings.Settings`' (`sizes`)."""
+"""Evaluation flags of launch/train.py: protocols, schedule and who is
+evaluated. Their defaults are `run_settings.Settings`'. The cut-offs and
+the sampled negatives are `_ranking_flags`' (other commands take them too)."""
 
 from __future__ import annotations
 
 from absl import flags
 
 from tff_fedrecgel import run_settings
-from tff_fedrecgel import sizes
 
 EVAL_PROTOCOL = flags.DEFINE_enum(
     'eval_protocol', run_settings.default('eval_protocol'), list(run_settings.EVAL_PROTOCOLS),
     'sampled: the held-out item among --eval_negatives sampled negatives (the paper\'s; '
     'metrics test/...); full: among every item the user did not train on '
     '(test_full/..., with MRR: the protocol to trust); both.')
-TOP_KS = flags.DEFINE_list(
-    'top_ks', ','.join(map(str, run_settings.default('top_ks'))),
-    f'Cut-offs K of HR@K and NDCG@K, comma-separated; must include '
-    f'{sizes.SELECT_K} (rounds are selected on HR@{sizes.SELECT_K}).')
-EVAL_NEGATIVES = flags.DEFINE_integer(
-    'eval_negatives', run_settings.default('eval_negatives'),
-    'Sampled protocol: negatives the held-out item is ranked among (the '
-    'paper\'s 99); each user needs that many items it has not interacted '
-    'with. Full ranking needs none.')
 ROUNDS_PER_EVAL = flags.DEFINE_integer(
     'rounds_per_eval', run_settings.default('rounds_per_eval'),
     'Evaluate all users every this many rounds.')

@@ -54,6 +54,7 @@ from tff_fedrecgel.launch import _client_flags
 from tff_fedrecgel.launch import _config_file
 from tff_fedrecgel.launch import _data_flags
 from tff_fedrecgel.launch import _model_flags
+from tff_fedrecgel.launch import _ranking_flags
 from tff_fedrecgel.launch import _server_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
@@ -66,6 +67,7 @@ flags.adopt_module_key_flags(_client_flags)
 flags.adopt_module_key_flags(_server_flags)
 flags.adopt_module_key_flags(_data_flags)
 flags.adopt_module_key_flags(_model_flags)
+flags.adopt_module_key_flags(_ranking_flags)
 _config_file.define_config_flag()
 flags.adopt_module_key_flags(_config_file)
 
@@ -182,6 +184,9 @@ def main(argv: list[str]) -> int:
         extra_hyperparameters={
             'task': task.name,
             'algorithm': algo.ALGORITHM.value,
+            # What a device draws for the sampled protocol (the computation
+            # ranks whatever candidates it is given).
+            'eval_negatives': settings.eval_negatives,
             'data_dir': settings.hparams()['data_dir'],
             'data_options': {k: v for k, v in settings.data_options.items()
                              if v is not None},

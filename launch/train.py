@@ -53,6 +53,7 @@ from tff_fedrecgel.launch import _eval_flags as eval_flags
 from tff_fedrecgel.launch import _model_flags
 from tff_fedrecgel.launch import _output_flags as output_flags
 from tff_fedrecgel.launch import _privacy_flags as privacy_flags
+from tff_fedrecgel.launch import _ranking_flags
 from tff_fedrecgel.launch import _server_flags
 from tff_fedrecgel.launch import _simulation_flags as simulation_flags
 from tff_fedrecgel import methods
@@ -63,7 +64,7 @@ from tff_fedrecgel import run_settings
 # --help lists the flags of every concern, one group each (_flag_groups).
 _config_file.define_config_flag()
 for _module in (_data_flags, _model_flags, algo, _client_flags, _server_flags, eval_flags,
-                privacy_flags, simulation_flags, output_flags, _config_file):
+                _ranking_flags, privacy_flags, simulation_flags, output_flags, _config_file):
     flags.adopt_module_key_flags(_module)
 
 

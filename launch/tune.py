@@ -38,6 +38,8 @@ from absl import flags
 from tff_fedrecgel.launch import _algorithm_flags as algo
 from tff_fedrecgel.launch import _client_flags
 from tff_fedrecgel.launch import _data_flags
+from tff_fedrecgel.launch import _model_flags
+from tff_fedrecgel.launch import _ranking_flags
 from tff_fedrecgel.launch import _server_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import run_settings
@@ -48,6 +50,8 @@ flags.adopt_module_key_flags(algo)
 flags.adopt_module_key_flags(_client_flags)
 flags.adopt_module_key_flags(_server_flags)
 flags.adopt_module_key_flags(_data_flags)
+flags.adopt_module_key_flags(_model_flags)
+flags.adopt_module_key_flags(_ranking_flags)
 
 _TRIALS = flags.DEFINE_integer('trials', 20, 'Finished trials to reach (a resumed '
                                'search counts the earlier ones).')
@@ -113,6 +117,7 @@ def main(argv: list[str]) -> int:
     space = config.space
     root = _ROOT_OUTPUT_DIR.value or os.path.join('runs', f'tune_{task.name}_{method.name}')
     split = task.load_split(data_dir=fixed['data_dir'], validation=True,
+                            eval_negatives=_ranking_flags.EVAL_NEGATIVES.value,
                             **fixed['data_options'])
 
     from tff_fedrecgel import api  # pylint: disable=g-import-not-at-top

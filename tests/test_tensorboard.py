@@ -20,6 +20,7 @@ import portpicker
 import pytest
 
 import tensorflow as tf
+from tensorboard.plugins.hparams import api_pb2
 
 from tff_fedrecgel import run_settings
 from tff_fedrecgel.data import preprocess
@@ -105,6 +106,85 @@ def test_rewriting_hparams_replaces_the_session(tmp_path):
     assert info.hparams['total_rounds'].string_value == '5'
     assert info.hparams['task'].string_value == 'synthetic'
     assert 'data_dir' not in info.hparams
+
+
+def _experiment_configs(log_dir):
+    """The hparams experiment configs in a log folder's event files."""
+    from tensorboard.backend.event_processing import event_file_loader
+    from tensorboard.plugins.hparams import metadata
+    found = []
+    for path in sorted(pathlib.Path(log_dir).glob('events.out.tfevents.*')):
+        for event in event_file_loader.EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                if value.tag == metadata.EXPERIMENT_TAG:
+                    found.append(metadata.parse_experiment_plugin_data(
+                        value.metadata.plugin_data.content))
+    return found
+
+
+def test_runs_of_a_folder_share_one_config_of_the_settings_that_differ(tmp_path):
+    """Three runs started one after another under one root: every run's
+    config lists the settings that tell them apart, with every run's metric
+    columns; a lone run lists its algorithm."""
+    base = {'algorithm': 'fedrecgel', 'task': 'synthetic', 'seed': 1, 'local_lr': 0.01,
+            'validation': True, 'data_dir': None}
+    sampled = {'selected/test/hr@10': 'HR@10', 'selected/test/ndcg@10': 'NDCG@10'}
+    full = {'selected/test_full/hr@10': 'HR@10 full'}
+    runs = [('a', base, sampled), ('b', {**base, 'seed': 2}, sampled),
+            ('c', {**base, 'seed': 3, 'local_lr': 0.05}, {**sampled, **full})]
+
+    def log_dir(name):
+        return tmp_path / name / 'tensorboard' / name
+
+    tensorboard_hparams.write_hparams(log_dir('a'), hparams=base, trial_id='a',
+                                      metrics=sampled, runs_folder=tmp_path)
+    (alone,) = _experiment_configs(log_dir('a'))
+    assert [h.name for h in alone.hparam_infos] == ['algorithm']
+    for name, hparams, metrics in runs[1:]:
+        tensorboard_hparams.write_hparams(log_dir(name), hparams=hparams, trial_id=name,
+                                          metrics=metrics, runs_folder=tmp_path)
+    for name, hparams, _ in runs:
+        (config,) = _experiment_configs(log_dir(name))
+        assert [h.name for h in config.hparam_infos] == ['seed', 'local_lr']
+        assert [h.type for h in config.hparam_infos] == [
+            api_pb2.DATA_TYPE_STRING, api_pb2.DATA_TYPE_FLOAT64]
+        assert [m.name.tag for m in config.metric_infos] == [*sampled, *full]
+        (session,) = _session_start_infos(log_dir(name))
+        assert session[1].group_name == name  # Each run keeps its own session.
+        assert session[1].hparams['seed'].string_value == str(hparams['seed'])
+
+
+def test_index_command_joins_nested_folders_and_refuses_an_empty_one(tmp_path):
+    for dataset, lr in (('filmtrust', 0.01), ('lastfm', 0.05)):
+        tensorboard_hparams.write_hparams(
+            tmp_path / dataset / 'run' / 'tensorboard' / 'run',
+            hparams={'algorithm': 'fedrecgel', 'task': 'synthetic', 'local_lr': lr},
+            trial_id=f'{dataset}_run', metrics={'selected/test/hr@10': 'HR@10'},
+            runs_folder=tmp_path / dataset)
+    command = [sys.executable, str(REPO / 'launch' / 'tensorboard_index.py')]
+    done = subprocess.run([*command, f'--logdir={tmp_path}'], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1].endswith('setting columns: local_lr')
+    (config,) = _experiment_configs(tmp_path / 'lastfm' / 'run' / 'tensorboard' / 'run')
+    assert [h.name for h in config.hparam_infos] == ['local_lr']
+    (tmp_path / 'empty').mkdir()
+    refused = subprocess.run([*command, f'--logdir={tmp_path / "empty"}'],
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        f'error: {tmp_path / "empty"}: no run logs below it (no dashboard.json; runs '
+        'write one when they start)']
+
+
+def test_settings_table_marks_what_the_run_changed():
+    table = tensorboard_hparams.settings_table(
+        {'algorithm': 'fedrecgel', 'task': 'synthetic', 'seed': 4, 'local_lr':
+         run_settings.default('local_lr')})
+    lines = table.splitlines()
+    assert lines[:2] == ['| setting | value | |', '|---|---|---|']
+    assert '| seed | 4 | changed |' in lines
+    assert f'| local_lr | {run_settings.default("local_lr")} |  |' in lines
 
 
 def test_rewriting_selected_metrics_keeps_one_value_a_tag(tmp_path):
@@ -267,18 +347,15 @@ def test_every_plugin_is_active_from_the_one_logdir(served_run):
 def test_hparams_dashboard_is_readable_and_current(served_run):
     experiment = json.loads(_get(f'{served_run["url"]}/data/plugin/hparams/experiment',
                                  {'experimentName': ''}))
-    infos = {h['name']: h for h in experiment['hparamInfos']}
-    names = list(infos)
-    shown = [name for name in names if infos[name].get('differs')]
-    # The changed settings come first (the dashboard ticks the first five).
-    assert names[:len(shown)] == shown and shown[:2] == ['algorithm', 'task']
-    assert {'validation', 'total_rounds', 'data_dir'} <= set(shown)
-    assert 'seed' not in shown and 'seed' in names  # Its default: listed, not ticked.
-    assert infos['seed']['type'] == 'DATA_TYPE_STRING'
-    assert infos['rho_sh']['type'] == 'DATA_TYPE_FLOAT64'
+    # A lone run: one setting column, so the metric columns fit beside it.
+    assert [h['name'] for h in experiment['hparamInfos']] == ['algorithm']
     assert [m['name']['tag'] for m in experiment['metricInfos']] == [
         'selected/test/hr@10', 'selected/test/ndcg@10']
     assert experiment['metricInfos'][0]['displayName'] == 'HR@10 sampled'
+    # Every setting is in the TEXT dashboard, the changed ones marked.
+    (text,) = json.loads(_get(f'{served_run["url"]}/data/plugin/text/text'
+                              '?run=listening_test&tag=settings'))
+    assert '<td>total_rounds</td>' in text['text'] and 'changed' in text['text']
     (group,) = served_run['groups']['sessionGroups']
     assert group['name'] == 'listening_test'
     hparams = group['hparams']

@@ -4,7 +4,8 @@
   run.lock            held (flock) by the run writing here; names its holder
   hparams.json        every setting of the run, written once
   metrics.csv         one row per round, rewritten whole after each round
-  tensorboard/<name>/ scalars, hparams and the item-embedding projector
+  tensorboard/<name>/ scalars, hparams and the item-embedding projector;
+                      dashboard.json: what its hparams file is made from
   checkpoints/        TFF FileProgramStateManager program states
     selected/         the state of the round chosen on the validation item
   summary.json        the final summary (also the last printed line)
@@ -28,6 +29,9 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+# In a run's TensorBoard folder: its trial name, settings and metric columns
+# (program/tensorboard_hparams.py).
+DASHBOARD_FILE = 'dashboard.json'
 # Settings that may change between a run and its resumption.
 RESUMABLE_CHANGES = frozenset(
     {'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint', 'progress',

@@ -1,19 +1,24 @@
-"""TensorBoard's HParams dashboard: a run's settings and its selected metrics.
+"""TensorBoard's HParams dashboard: the runs' settings and selected metrics.
 
 Each run writes, in its own log folder, an hparams event file
-(``*.hparams.v2``: the experiment config and the session) when it starts or
-resumes, and a selected-metrics file (``*.selected.v2``) when it ends. Both
-replace the folder's previous file of their kind: TensorBoard keeps the first
-summary it reads for a tag, and one file per kind keeps a resumed run from
-showing a setting or a selected value twice.
+(``*.hparams.v2``: the experiment config, the session and a text table of
+every setting) when it starts or resumes, and a selected-metrics file
+(``*.selected.v2``) when it ends. Both replace the folder's previous file of
+their kind: TensorBoard keeps the first summary it reads for a tag, and one
+file per kind keeps a resumed run from showing a setting or a selected
+value twice. Beside them, ``dashboard.json`` keeps what the hparams file is
+made from (the trial name, the settings, the metric columns).
 
-Which settings are ticked. TensorBoard 2.14's dashboard ticks the first five
-settings of the experiment config, those marked `differs` first. A run marks
-`algorithm`, `task` and every setting it changed from its task's defaults
-(`run_settings.changed_settings`), and lists them first, in `KEY_HPARAMS`
-order then the rest (`data_dir` and reader options last); the unchanged
-settings follow, one click away. In a folder of runs TensorBoard reads one
-run's config (the first it finds) for the whole table.
+Which settings are columns. TensorBoard 2.14's dashboard ticks the first
+five settings of the experiment config and gives every column 10em, so at
+1400 px five value columns fit beside the trial name. The config therefore
+lists only the settings that tell the runs of a folder apart (for a lone
+run, its `algorithm`), so that the metric columns stay on screen; every
+setting of a run is in the TEXT dashboard's `settings` table, the ones it
+changed from its task's defaults marked. TensorBoard reads one run's config
+for a whole folder (the first it finds), so a run rewrites the config of
+every run beside it (`index_logs`, under a lock): they all carry the same
+one. `launch/tensorboard_index.py` does the same for any folder of runs.
 
 How values read. The dashboard prints every number with five significant
 digits (a seed of 0 as "0.0000"), so integer settings are written as their
@@ -28,6 +33,9 @@ selection chose (on the validation item when there is one), written under
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import contextlib
+import fcntl
+import json
 import os
 import pathlib
 import time
@@ -42,6 +50,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.plugins.hparams import api as hparams_api
 
 from tff_fedrecgel import run_settings
+from tff_fedrecgel.program import outputs
 from tff_fedrecgel.errors import DataError
 
 # The order of the settings in the dashboard (before the others, sorted).
@@ -51,6 +60,8 @@ KEY_HPARAMS = ('algorithm', 'task', 'seed', 'local_lr', 'server_lr', 'rho_sh', '
 # Changed but long and alike across runs: listed after the other changes.
 _LAST = ('data_dir',)
 HPARAMS_SUFFIX = '.hparams.v2'
+DASHBOARD_FILE = outputs.DASHBOARD_FILE
+_INDEX_LOCK = '.tensorboard_index.lock'
 SELECTED_SUFFIX = '.selected.v2'
 
 
@@ -117,19 +128,45 @@ def session_hparams(hparams: Mapping[str, Any]) -> tuple[dict[str, Any], list[st
     return values, [n for n in values if n in changed]
 
 
-def _hparam_info(name: str, value: Any, shown: bool) -> api_pb2.HParamInfo:
-    """A setting's declaration. Strings and ints get no domain: a discrete
-    domain would hide, in a folder of runs, every run whose value it does
-    not list; floats get an open interval filter."""
-    info = api_pb2.HParamInfo(name=name, differs=shown)
-    if isinstance(value, bool):
+def compared_settings(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The settings that tell runs apart: the dashboard's setting columns.
+
+    Args:
+      runs: Every run's settings (as `session_hparams` gives them).
+
+    Returns:
+      The names whose value differs between the runs (a setting one run
+      leaves unset counts as differing), in dashboard order; `['algorithm']`
+      for a lone run or runs that differ in nothing.
+    """
+    names = {name for run in runs for name in run}
+    differ = [n for n in names if len({repr(run.get(n)) for run in runs}) > 1]
+    return sorted(differ, key=_rank) if differ else ['algorithm']
+
+
+def _hparam_info(name: str, values: Sequence[Any]) -> api_pb2.HParamInfo:
+    """A setting's declaration from its values in the runs. Strings get no
+    domain: a discrete domain would hide every run whose value it does not
+    list; floats get an open interval filter."""
+    info = api_pb2.HParamInfo(name=name, differs=True)
+    kinds = {type(v) for v in values if v is not None}
+    if kinds == {bool}:
         info.type = api_pb2.DATA_TYPE_BOOL
         info.domain_discrete.extend([False, True])
-    elif isinstance(value, float):
+    elif kinds == {float}:
         info.type = api_pb2.DATA_TYPE_FLOAT64
     else:
         info.type = api_pb2.DATA_TYPE_STRING
     return info
+
+
+def settings_table(hparams: Mapping[str, Any]) -> str:
+    """Every setting of a run as a Markdown table (the TEXT dashboard), the
+    ones it changed from its task's defaults marked and first."""
+    values, changed = session_hparams(hparams)
+    rows = [f'| {name} | {value} | {"changed" if name in changed else ""} |'
+            for name, value in values.items()]
+    return '\n'.join(['| setting | value | |', '|---|---|---|', *rows])
 
 
 def _replace(log_dir: pathlib.Path, suffix: str) -> tf.summary.SummaryWriter:
@@ -140,8 +177,82 @@ def _replace(log_dir: pathlib.Path, suffix: str) -> tf.summary.SummaryWriter:
     return tf.summary.create_file_writer(str(log_dir), filename_suffix=suffix)
 
 
+def _write_log(log_dir: pathlib.Path, run: Mapping[str, Any], experiment) -> None:
+    """Rewrites a run's hparams file: the shared config, its session and its
+    settings table."""
+    config = summary_pb2.Summary()
+    config.value.add(
+        tag=metadata.EXPERIMENT_TAG, tensor=metadata.NULL_TENSOR,
+        metadata=metadata.create_summary_metadata(
+            plugin_data_pb2.HParamsPluginData(experiment=experiment)))
+    writer = _replace(log_dir, HPARAMS_SUFFIX)
+    with writer.as_default():
+        tf.summary.experimental.write_raw_pb(config.SerializeToString(), step=0)
+        hparams_api.hparams(session_hparams(run['hparams'])[0], trial_id=run['trial_id'])
+        tf.summary.text('settings', settings_table(run['hparams']), step=0,
+                        description='Every setting of the run; "changed": not its '
+                        'task\'s default.')
+    writer.close()
+
+
+def _read_dashboard(log_dir: pathlib.Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((log_dir / DASHBOARD_FILE).read_text())
+    except (OSError, ValueError):
+        return None  # Not a run's log folder (or one written before it existed).
+
+
+def index_logs(log_dirs: Sequence[os.PathLike | str]) -> list[str]:
+    """Gives the runs' log folders one experiment config (TensorBoard shows
+    one config for a whole logdir): the settings that differ between them,
+    every run's metric columns.
+
+    Args:
+      log_dirs: Log folders holding a `dashboard.json` (others are skipped).
+
+    Returns:
+      The setting columns (`compared_settings`).
+    """
+    runs = {}
+    for log_dir in map(pathlib.Path, log_dirs):
+        run = _read_dashboard(log_dir)
+        if run is not None:
+            runs[log_dir] = run
+    if not runs:
+        return []
+    values = [session_hparams(run['hparams'])[0] for run in runs.values()]
+    columns = compared_settings(values)
+    metrics = {}
+    for run in runs.values():
+        for tag, description in run['metrics'].items():
+            metrics.setdefault(tag, description)
+    experiment = api_pb2.Experiment(
+        time_created_secs=time.time(),
+        hparam_infos=[_hparam_info(n, [v.get(n) for v in values]) for n in columns],
+        metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag),
+                                         display_name=metric_display_name(tag),
+                                         description=description)
+                      for tag, description in metrics.items()])
+    for log_dir, run in runs.items():
+        _write_log(log_dir, run, experiment)
+    return columns
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: pathlib.Path):
+    """Serializes the rewriting of a folder's runs (runs started at once)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / _INDEX_LOCK, 'a') as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def write_hparams(log_dir: os.PathLike | str, *, hparams: Mapping[str, Any],
-                  trial_id: str, metrics: Mapping[str, str]) -> pathlib.Path:
+                  trial_id: str, metrics: Mapping[str, str],
+                  runs_folder: os.PathLike | str | None = None) -> pathlib.Path:
     """Writes (or rewrites) the run's experiment config and session.
 
     Call it whenever a run starts or resumes: the folder's previous hparams
@@ -154,31 +265,38 @@ def write_hparams(log_dir: os.PathLike | str, *, hparams: Mapping[str, Any],
       trial_id: The session's name in the dashboard (the experiment name).
       metrics: Scalar tag -> description of the dashboard's metric columns
         (the latest value of each), e.g. ``selected/test/hr@10``.
+      runs_folder: The folder of this run and its siblings
+        (``<runs_folder>/<name>/tensorboard/<name>/``): every sibling's
+        config is rewritten to the shared one. None: this run alone.
 
     Returns:
       The event file written.
     """
     log_dir = pathlib.Path(log_dir)
-    values, shown = session_hparams(hparams)
-    experiment = api_pb2.Experiment(
-        time_created_secs=time.time(),
-        hparam_infos=[_hparam_info(n, v, n in shown) for n, v in values.items()],
-        metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag),
-                                         display_name=metric_display_name(tag),
-                                         description=description)
-                      for tag, description in metrics.items()])
-    config = summary_pb2.Summary()
-    config.value.add(
-        tag=metadata.EXPERIMENT_TAG, tensor=metadata.NULL_TENSOR,
-        metadata=metadata.create_summary_metadata(
-            plugin_data_pb2.HParamsPluginData(experiment=experiment)))
-    writer = _replace(log_dir, HPARAMS_SUFFIX)
-    with writer.as_default():
-        tf.summary.experimental.write_raw_pb(config.SerializeToString(), step=0)
-        hparams_api.hparams(values, trial_id=trial_id)
-    writer.close()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    record = {'trial_id': trial_id, 'metrics': dict(metrics),
+              'hparams': {k: _json_value(v) for k, v in hparams.items()}}
+    (log_dir / DASHBOARD_FILE).write_text(json.dumps(record, indent=1) + '\n')
+    if runs_folder is None:
+        index_logs([log_dir])
+    else:
+        folder = pathlib.Path(runs_folder)
+        with _folder_lock(folder):
+            siblings = sorted(folder.glob(f'*/tensorboard/*/{DASHBOARD_FILE}'))
+            index_logs({log_dir, *(p.parent for p in siblings)})
     (written,) = log_dir.glob(f'events.out.tfevents.*{HPARAMS_SUFFIX}')
     return written
+
+
+def _json_value(value: Any) -> Any:
+    """A setting as dashboard.json keeps it (what `_value` reads back)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    return str(value)
 
 
 def write_selected(log_dir: os.PathLike | str, *,

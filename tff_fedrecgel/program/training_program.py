@@ -390,7 +390,7 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
         # Written again on a resume, so the dashboard shows the current settings.
         tensorboard_hparams.write_hparams(
             paths.tensorboard_run, hparams=hparams, trial_id=paths.root.name,
-            metrics=plan.dashboard_metrics())
+            metrics=plan.dashboard_metrics(), runs_folder=paths.root.parent)
 
     bar = progress_lib.progress_display(
         total=total_rounds, initial=simulation.round_num, enabled=progress)
