@@ -92,7 +92,7 @@ def test_train_help_groups_the_flags_by_concern():
     sections = re.findall(r'^(\w[\w ]*) \(', _help('train').stdout.split('\nflags:\n')[1],
                           flags=re.MULTILINE)
     assert sections == ['data', 'model', 'method', 'client', 'server', 'evaluation',
-                        'privacy', 'simulation', 'output', 'settings file']
+                        'evaluation sizes', 'privacy', 'simulation', 'output', 'settings file']
 
 
 def test_the_flag_reference_page_is_what_its_generator_writes():

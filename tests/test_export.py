@@ -376,6 +376,7 @@ def test_distribute_aggregate_form_by_hand_matches_round(exported, rounds):
     (('--task=synthetic', '--output_dir={tmp}/full'), 'not empty'),
     (('--task=synthetic', '--algorithm=fedncf', '--rho_sh=0.1',
       '--output_dir={tmp}/o'), '--rho_sh must be 0.0 for fedncf'),
+    (('--task=synthetic', '--top_ks=5,20', '--output_dir={tmp}/o'), 'must include 10'),
     (('--run_dir={tmp}/missing', '--output_dir={tmp}/o'), 'run folder not found'),
     (('--run_dir={tmp}/full', '--output_dir={tmp}/o'), 'not a run folder'),
     (('--run_dir={tmp}/full', '--task=synthetic', '--output_dir={tmp}/o'),

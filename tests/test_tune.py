@@ -4,6 +4,7 @@ that launch/train.py reproduces."""
 import contextlib
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -20,7 +21,9 @@ from tff_fedrecgel.errors import DataError
 
 TUNE = os.path.join(REPO, 'launch', 'tune.py')
 DATA = ['--task=synthetic', '--num_users=80', '--num_items=400']
-SEARCH = [*DATA, '--total_rounds=2', '--space=server_lr,num_negatives', '--seed=0']
+# Evaluation sizes given as flags are fixed for every trial and kept in the preset.
+SEARCH = [*DATA, '--total_rounds=2', '--space=server_lr,num_negatives', '--seed=0',
+          '--top_ks=5,10', '--eval_negatives=49']
 
 
 def _tune(args, timeout=600):
@@ -55,7 +58,10 @@ def test_search_resumes_after_sigkill_and_its_preset_reproduces(tmp_path):
     assert record['finished_trials'] == 3
     assert all(t['trial'] > 0 for t in record['trials_this_call'])
     preset = json.loads((root / tuning.BEST_PRESET).read_text())
-    assert set(preset['settings']) == {'total_rounds', 'server_lr', 'num_negatives'}
+    assert set(preset['settings']) == {'total_rounds', 'server_lr', 'num_negatives',
+                                       'top_ks', 'eval_negatives'}
+    trial_hparams = json.loads((pathlib.Path(preset['run_dir']) / 'hparams.json').read_text())
+    assert trial_hparams['eval_negatives'] == 49 and trial_hparams['top_ks'] == [5, 10]
     # The best trial's folder is an ordinary run; train.py with the preset
     # reproduces its validation metric exactly.
     best_rows = pd.read_csv(os.path.join(preset['run_dir'], 'metrics.csv'))
@@ -78,6 +84,7 @@ def test_search_resumes_after_sigkill_and_its_preset_reproduces(tmp_path):
     (['--space=warp_speed'], 'unknown search dimension'),
     (['--objective=test/hr@10'], 'objective must be a validation metric'),
     (['--server_lr=-1'], 'server_lr must be > 0'),
+    (['--top_ks=5,200'], 'top_ks must be <= 100 each'),
 ])
 def test_bad_searches_are_refused_and_write_nothing(tmp_path, args, message):
     root = tmp_path / 'search'
