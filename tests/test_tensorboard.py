@@ -184,6 +184,7 @@ def test_settings_table_marks_what_the_run_changed():
     lines = table.splitlines()
     assert lines[:2] == ['| setting | value | |', '|---|---|---|']
     assert '| seed | 4 | changed |' in lines
+    assert '| algorithm | fedrecgel |  |' in lines  # What the run is, not a change.
     assert f'| local_lr | {run_settings.default("local_lr")} |  |' in lines
 
 

@@ -162,8 +162,10 @@ def _hparam_info(name: str, values: Sequence[Any]) -> api_pb2.HParamInfo:
 
 def settings_table(hparams: Mapping[str, Any]) -> str:
     """Every setting of a run as a Markdown table (the TEXT dashboard), the
-    ones it changed from its task's defaults marked and first."""
-    values, changed = session_hparams(hparams)
+    ones it changed from its task's defaults first and marked (the task and
+    the algorithm first, unmarked: they say what the run is)."""
+    values, shown = session_hparams(hparams)
+    changed = set(shown) - {'algorithm', 'task'}
     rows = [f'| {name} | {value} | {"changed" if name in changed else ""} |'
             for name, value in values.items()]
     return '\n'.join(['| setting | value | |', '|---|---|---|', *rows])
