@@ -61,7 +61,6 @@ KEY_HPARAMS = ('algorithm', 'task', 'seed', 'local_lr', 'server_lr', 'rho_sh', '
 _LAST = ('data_dir',)
 HPARAMS_SUFFIX = '.hparams.v2'
 DASHBOARD_FILE = outputs.DASHBOARD_FILE
-_INDEX_LOCK = '.tensorboard_index.lock'
 SELECTED_SUFFIX = '.selected.v2'
 
 
@@ -242,14 +241,15 @@ def index_logs(log_dirs: Sequence[os.PathLike | str]) -> list[str]:
 
 @contextlib.contextmanager
 def _folder_lock(folder: pathlib.Path):
-    """Serializes the rewriting of a folder's runs (runs started at once)."""
+    """Serializes the rewriting of a folder's runs (runs started at once).
+    The lock is on the folder itself: no file is left in it."""
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / _INDEX_LOCK, 'a') as handle:
+    handle = os.open(folder, os.O_RDONLY)
+    try:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(handle)  # Releases the lock.
 
 
 def write_hparams(log_dir: os.PathLike | str, *, hparams: Mapping[str, Any],
