@@ -30,19 +30,23 @@ from tff_fedrecgel.program import tensorboard_hparams
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _session_start_infos(log_dir):
-    """(file, hparams) of every hparams session summary in the folder."""
+def _hparams_summaries(log_dir, tag, parse):
+    """(file, parsed content) of every hparams summary `tag` in the folder."""
     from tensorboard.backend.event_processing import event_file_loader
-    from tensorboard.plugins.hparams import metadata
     found = []
     for path in sorted(pathlib.Path(log_dir).glob('events.out.tfevents.*')):
         for event in event_file_loader.EventFileLoader(str(path)).Load():
             for value in event.summary.value:
-                if value.tag == metadata.SESSION_START_INFO_TAG:
-                    info = metadata.parse_session_start_info_plugin_data(
-                        value.metadata.plugin_data.content)
-                    found.append((path.name, info))
+                if value.tag == tag:
+                    found.append((path.name, parse(value.metadata.plugin_data.content)))
     return found
+
+
+def _session_start_infos(log_dir):
+    """(file, hparams) of every hparams session summary in the folder."""
+    from tensorboard.plugins.hparams import metadata
+    return _hparams_summaries(log_dir, metadata.SESSION_START_INFO_TAG,
+                              metadata.parse_session_start_info_plugin_data)
 
 
 def test_session_hparams_shows_changed_settings_first_and_ints_as_text():
@@ -110,16 +114,9 @@ def test_rewriting_hparams_replaces_the_session(tmp_path):
 
 def _experiment_configs(log_dir):
     """The hparams experiment configs in a log folder's event files."""
-    from tensorboard.backend.event_processing import event_file_loader
     from tensorboard.plugins.hparams import metadata
-    found = []
-    for path in sorted(pathlib.Path(log_dir).glob('events.out.tfevents.*')):
-        for event in event_file_loader.EventFileLoader(str(path)).Load():
-            for value in event.summary.value:
-                if value.tag == metadata.EXPERIMENT_TAG:
-                    found.append(metadata.parse_experiment_plugin_data(
-                        value.metadata.plugin_data.content))
-    return found
+    return [config for _, config in _hparams_summaries(
+        log_dir, metadata.EXPERIMENT_TAG, metadata.parse_experiment_plugin_data)]
 
 
 def test_runs_of_a_folder_share_one_config_of_the_settings_that_differ(tmp_path):
