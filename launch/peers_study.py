@@ -15,7 +15,9 @@ from tff_fedrecgel.launch.study import Run
 
 # PFedRec's authors train every user every round (their code's defaults:
 # 4 negatives, 1 local epoch, which are the project's defaults too).
-PEER_SETTINGS = {'pfedrec': ('--client_fraction=1',)}
+PEER_SETTINGS = {'pfedrec': ('--client_fraction=1',),
+                 # GPFedRec's authors also train every user every round.
+                 'gpfedrec': ('--client_fraction=1',)}
 PEER_SEEDS = 5
 
 

@@ -151,3 +151,71 @@ class PFedRecConfig:
 
 
 PFEDREC = PFedRecConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class GPFedRecConfig:
+    """GPFedRec's round (`algorithms/gpfedrec.py`); defaults are its authors'
+    published settings (their train.py; docs/ALGORITHM.md, "GPFedRec").
+
+    Attributes:
+      latent_dim: User and item embedding size.
+      layers: Widths of the score MLP on `[user embedding, item embedding]`
+        (the first is `2 * latent_dim`).
+      lr: SGD learning rate of the MLP.
+      lr_eta: The user embedding's rate is `lr * lr_eta / client_fraction -
+        lr`, the item table's `lr * num_items * lr_eta - lr` (the authors'
+        scaling).
+      reg: Weight of the mean squared distance of the user's item table to
+        its personalized target.
+      batch_size: Examples per local minibatch.
+      local_epochs: Local epochs over the user's round batch.
+      neighborhood_threshold: A user's neighbors are those whose relation
+        passes `neighborhood_threshold` times the graph's mean.
+      mp_layers: Message-passing steps on the user graph.
+      neighbors: `'similar'` (the paper: the most similar tables) or
+        `'distant'` (the published code, which ranks by cosine distance).
+      client_fraction: The round's share of users (the user embedding's rate).
+    """
+
+    latent_dim: int = 32
+    layers: tuple = (64, 32, 16, 8)
+    lr: float = 0.1
+    lr_eta: float = 80.0
+    reg: float = 1.0
+    batch_size: int = 256
+    local_epochs: int = 1
+    neighborhood_threshold: float = 1.0
+    mp_layers: int = 1
+    neighbors: str = 'similar'
+    client_fraction: float = 1.0
+
+    def __post_init__(self):
+        for name in ('lr', 'lr_eta', 'neighborhood_threshold'):
+            if not 0 < getattr(self, name) < float('inf'):
+                raise ValueError(f'{name} must be positive and finite, got '
+                                 f'{getattr(self, name)}')
+        if not 0 <= self.reg < float('inf'):
+            raise ValueError(f'reg must be >= 0 and finite, got {self.reg}')
+        if not 0 < self.client_fraction <= 1:
+            raise ValueError(f'client_fraction must be in (0, 1], got {self.client_fraction}')
+        for name in ('latent_dim', 'batch_size', 'local_epochs', 'mp_layers'):
+            if isinstance(getattr(self, name), bool) or getattr(self, name) < 1:
+                raise ValueError(f'{name} must be a positive integer, got '
+                                 f'{getattr(self, name)}')
+        if len(self.layers) < 2 or self.layers[0] != 2 * self.latent_dim:
+            raise ValueError(f'layers must start at 2 * latent_dim = {2 * self.latent_dim}, '
+                             f'got {self.layers}')
+        if self.neighbors not in ('similar', 'distant'):
+            raise ValueError(f"neighbors must be 'similar' or 'distant', got {self.neighbors!r}")
+
+    def user_lr(self) -> float:
+        """The user embedding's learning rate."""
+        return self.lr * self.lr_eta / self.client_fraction - self.lr
+
+    def item_lr(self, num_items: int) -> float:
+        """The item table's learning rate for `num_items` items."""
+        return self.lr * num_items * self.lr_eta - self.lr
+
+
+GPFEDREC = GPFedRecConfig()

@@ -25,6 +25,7 @@ from tff_fedrecgel.errors import SettingError
 FEDRECGEL = 'fedrecgel'
 FEDRECON = 'fedrecon'
 PFEDREC = 'pfedrec'
+GPFEDREC = 'gpfedrec'
 ITEMPOP = 'itempop'
 CENTRAL = 'central'
 
@@ -51,7 +52,7 @@ class Method:
       rho_ns: The local radius it fixes (None: the task's or the flag's).
       gmf_only: Whether it uses the GMF-only model (no MLP branch).
       algorithm: Its family: `FEDRECGEL` (one TFF process, SAM radii as
-        settings), `FEDRECON`, `PFEDREC`, `ITEMPOP` (the popularity floor) or `CENTRAL`
+        settings), `FEDRECON`, `PFEDREC`, `GPFEDREC`, `ITEMPOP` (the popularity floor) or `CENTRAL`
         (the non-federated ceiling).
       builder: `'module:function'` building its simulation algorithm from a
         `simulation.context.BuildContext` (imported when first built).
@@ -141,6 +142,13 @@ METHODS = {m.name: m for m in (
            builder='tff_fedrecgel.simulation.pfedrec_adapter:build',
            takes=frozenset({'num_negatives', 'local_epochs'}),
            note='PFedRec: SGD at its authors\' rates, no server optimizer, no user embedding',
+           private=False, exports=False, tunable=False),
+    Method('gpfedrec', 'GPFedRec', 'GPFedRec (Zhang et al., KDD 2024): each user fine-tunes its own '
+           'item table and MLP; the server relates users by their tables and sends each '
+           'the graph-aggregated table as its target', rho_sh=0.0, rho_ns=0.0,
+           algorithm=GPFEDREC, builder='tff_fedrecgel.simulation.gpfedrec_adapter:build',
+           takes=frozenset({'num_negatives', 'local_epochs'}),
+           note='GPFedRec: SGD at its authors\' rates, no server optimizer',
            private=False, exports=False, tunable=False),
     Method('itempop', 'popularity', 'item popularity counted federatedly, no model (the floor)',
            rho_sh=0.0, rho_ns=0.0, algorithm=ITEMPOP,
