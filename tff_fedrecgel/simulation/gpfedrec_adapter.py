@@ -37,6 +37,8 @@ from tff_fedrecgel.errors import SettingError
 _ORDER_SALT = 0x6FED
 # The share of this machine's memory the two per-user tables may take.
 _MEMORY_SHARE = 0.6
+# Bytes of the score MLP's widest activation while scoring.
+_SCORE_BYTES = 1 << 27
 
 
 def memory_bytes(num_users: int, num_items: int, latent_dim: int) -> int:
@@ -46,14 +48,16 @@ def memory_bytes(num_users: int, num_items: int, latent_dim: int) -> int:
 
 
 def _check_memory(num_users: int, num_items: int, latent_dim: int) -> None:
-    need = memory_bytes(num_users, num_items, latent_dim)
+    # A checkpoint copies every table (TFF's program state manager makes a
+    # variable of each), so a run needs twice the tables.
+    tables = memory_bytes(num_users, num_items, latent_dim)
     total = _physical_memory()
-    if total and need > _MEMORY_SHARE * total:
+    if total and 2 * tables > _MEMORY_SHARE * total:
         raise SettingError(
             'algorithm', f'gpfedrec does not fit this machine: it keeps an item table per '
-            f'user, {num_users} x {num_items} x {latent_dim} floats = '
-            f'{need / 2**30:.1f} GiB, over {_MEMORY_SHARE:.0%} of its '
-            f'{total / 2**30:.1f} GiB')
+            f'user ({num_users} x {num_items} x {latent_dim} floats = '
+            f'{tables / 2**30:.1f} GiB) and a checkpoint copies them, over '
+            f'{_MEMORY_SHARE:.0%} of its {total / 2**30:.1f} GiB')
 
 
 def _physical_memory() -> int:
@@ -250,12 +254,21 @@ class GPFedRec:
         users = np.asarray(users, np.int64)
         if batches is None:
             local = {k: v[users] for k, v in self.local.items()}
-            tables = self.tables[users]
+            tables = self.tables
+            index = users
         else:
             local, tables = self.fit_new_users(users, batches)
-        return gpfedrec.logits({k: tf.constant(v) for k, v in local.items()},
-                               tf.constant(local['user']), tf.constant(tables),
-                               len(self.config.layers) - 1).numpy()
+            index = np.arange(len(users))
+        # A few users at a time: the MLP's activations are users x items x width.
+        step = max(1, _SCORE_BYTES // (4 * self.num_items * max(self.config.layers)))
+        out = np.empty((len(users), self.num_items), np.float32)
+        for start in range(0, len(users), step):
+            part = slice(start, start + step)
+            out[part] = gpfedrec.logits(
+                {k: tf.constant(v[part]) for k, v in local.items()},
+                tf.constant(local['user'][part]), tf.constant(tables[index[part]]),
+                len(self.config.layers) - 1).numpy()
+        return out
 
     def get_state(self) -> collections.OrderedDict:
         """The state; its tables are the live ones (rounds update them in
