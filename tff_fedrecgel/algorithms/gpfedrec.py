@@ -43,8 +43,15 @@ import tensorflow_federated as tff
 from tff_fedrecgel import algorithm_config
 from tff_fedrecgel.algorithms import pfedrec
 
-# torch.nn.BCELoss clamps its logs at -100.
-_LOG_FLOOR = -100.0
+
+
+@tf.custom_gradient
+def _torch_bce(logit, label):
+    """torch's `BCELoss` on `sigmoid(logit)`, with its gradient: logs clamped
+    at -100, and a saturated prediction (p (1 - p) under 1e-12) stops
+    learning instead of dividing zero by zero."""
+    loss, grad = pfedrec.bce_and_grad(logit, label)
+    return loss, lambda upstream: (upstream * grad, tf.zeros_like(label))
 
 
 def local_spec(config: algorithm_config.GPFedRecConfig) -> collections.OrderedDict:
@@ -124,10 +131,8 @@ def make_client_update(num_items: int, config: algorithm_config.GPFedRecConfig):
             scale = m / tf.maximum(count, 1.0)[:, tf.newaxis]
             with tf.GradientTape() as tape:
                 tape.watch([local, rows])
-                p = tf.sigmoid(logits(local, local['user'],
-                                      tf.gather(rows, idx, batch_dims=1), num_hidden))
-                bce = -(y * tf.maximum(tf.math.log(p), _LOG_FLOOR)
-                        + (1.0 - y) * tf.maximum(tf.math.log(1.0 - p), _LOG_FLOOR))
+                bce = _torch_bce(logits(local, local['user'],
+                                        tf.gather(rows, idx, batch_dims=1), num_hidden), y)
                 loss = tf.reduce_sum(bce * scale)
             grads, grad_rows = tape.gradient(loss, [local, rows])
             grad_rows = tf.convert_to_tensor(grad_rows)
