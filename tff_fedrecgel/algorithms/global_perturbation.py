@@ -114,7 +114,8 @@ class FixedStepSam:
         if len(self.step) != len(point['global']):
             raise ValueError(f'the step has {len(self.step)} tensors, the global part '
                              f'{len(point["global"])}')
-        moved = [x + e for x, e in zip(point['global'], self.step)]
+        # The point's static shapes, which a `tf.while_loop` over steps keeps.
+        moved = [tf.ensure_shape(x + e, x.shape) for x, e in zip(point['global'], self.step)]
         local = point.get('local', [])
         flat = moved + local
         with tf.GradientTape() as tape:
