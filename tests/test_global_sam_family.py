@@ -305,3 +305,21 @@ def test_server_state_round_trip_keeps_the_distributor_state(tmp_path):
     algorithm.next(users, batches)
     for a, b in zip(algorithm.global_weights, continued):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_peers_plan_runs_both_under_their_authors_settings():
+    from tff_fedrecgel.launch import peers_study  # pylint: disable=g-import-not-at-top
+
+    runs = peers_study.peers_plan(datasets=['filmtrust'], methods=['fedlesam', 'fedgloss'],
+                                  seeds=1)
+    assert [r.name for r in runs] == ['filmtrust/itempop_seed0', 'filmtrust/peer_fedgloss_seed0',
+                                      'filmtrust/peer_fedlesam_seed0']
+    flags = runs[2].flags('/data')
+    assert '--algorithm=fedlesam' in flags and '--local_epochs=5' in flags
+    assert '--server_optimizer=sgd' in runs[1].flags('/data')
+    for run in runs[1:]:  # The settings are ones the method takes.
+        extra = dict(f[2:].split('=') for f in run.extra)
+        run_settings.settings('filmtrust', algorithm=run.method,
+                              rho_sh=float(extra.pop('rho_sh')),
+                              **{k: (v if k == 'server_optimizer' else float(v)
+                                     if '.' in v else int(v)) for k, v in extra.items()})

@@ -217,7 +217,7 @@ def test_settings_it_does_not_take_are_refused():
 def test_the_peers_plan_runs_each_peer_under_its_authors_settings():
     from tff_fedrecgel.launch import peers_study  # pylint: disable=g-import-not-at-top
 
-    runs = peers_study.peers_plan(datasets=['filmtrust'], seeds=2)
+    runs = peers_study.peers_plan(datasets=['filmtrust'], methods=['pfedrec'], seeds=2)
     assert [r.name for r in runs] == ['filmtrust/itempop_seed0', 'filmtrust/peer_pfedrec_seed0',
                                       'filmtrust/itempop_seed1', 'filmtrust/peer_pfedrec_seed1']
     flags = runs[1].flags('/data')
