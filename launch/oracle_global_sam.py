@@ -37,6 +37,7 @@ when the method's difference exceeds --tolerance.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -281,6 +282,7 @@ def main(argv):
     from tff_fedrecgel.algorithm_config import ClientWorkConfig  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel.algorithms import global_perturbation  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel.models import neumf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
     _entry.tff_runtime()
     spec = methods.get_method(method)
@@ -316,12 +318,11 @@ def main(argv):
     contrasts = {}
     if method == 'fedlesam':
         contrasts['FedSAM (local SAM)'] = _ours(
-            case, weights, config, ClientWorkConfig(**{**work.__dict__, 'global_perturbation':
-                                                       'local'}), _USERS.value, _ROUNDS.value)
+            case, weights, config, dataclasses.replace(work, global_perturbation='local'),
+            _USERS.value, _ROUNDS.value)
         # The paper's normalization: the global norm instead of the sum of norms.
         saved = global_perturbation.sum_of_norms
-        global_perturbation.sum_of_norms = lambda ts: __import__('tensorflow').linalg.global_norm(
-            [t for t in ts])
+        global_perturbation.sum_of_norms = lambda tensors: tf.linalg.global_norm(list(tensors))
         try:
             contrasts['FedLESAM, global norm'] = _ours(case, weights, config, work,
                                                       _USERS.value, _ROUNDS.value)
@@ -329,7 +330,7 @@ def main(argv):
             global_perturbation.sum_of_norms = saved
     else:
         contrasts['FedAvg (rho 0)'] = _ours(
-            case, weights, config, ClientWorkConfig(**{**work.__dict__, 'rho_sh': 0.0}),
+            case, weights, config, dataclasses.replace(work, rho_sh=0.0),
             _USERS.value, _ROUNDS.value)
     worst = 0.0
     for r in range(_ROUNDS.value):
