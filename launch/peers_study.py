@@ -15,9 +15,19 @@ from tff_fedrecgel.launch.study import Run
 
 # PFedRec's authors train every user every round (their code's defaults:
 # 4 negatives, 1 local epoch, which are the project's defaults too).
-PEER_SETTINGS = {'pfedrec': ('--client_fraction=1',),
-                 # GPFedRec's authors also train every user every round.
-                 'gpfedrec': ('--client_fraction=1',)}
+PEER_SETTINGS = {
+    'pfedrec': ('--client_fraction=1',),
+    # GPFedRec's authors also train every user every round.
+    'gpfedrec': ('--client_fraction=1',),
+    # FedLESAM's authors' train.py defaults: 5 local epochs of SGD at 0.1 on
+    # minibatches of 25, rho 0.1, the server adding the mean change (SGD at 1).
+    'fedlesam': ('--local_epochs=5', '--client_lr=0.1', '--chunk_size=25', '--rho_sh=0.1',
+                 '--server_optimizer=sgd', '--server_lr=1'),
+    # FedGloSS's authors' CIFAR-10 command: 1 local epoch of SGD at 0.01 on
+    # minibatches of 64, server SGD at 1, server rho 0.15.
+    'fedgloss': ('--local_epochs=1', '--client_lr=0.01', '--chunk_size=64', '--rho_sh=0.15',
+                 '--server_optimizer=sgd', '--server_lr=1'),
+}
 PEER_SEEDS = 5
 
 

@@ -14,6 +14,11 @@ import dataclasses
 LOCAL_STATES = ('persistent', 'reconstruct')
 UPDATE_MODES = ('gradient', 'model_delta')
 CLIENT_WEIGHTINGS = ('uniform', 'num_examples')
+# Where the global part's SAM perturbation comes from (docs/ALGORITHM.md):
+# 'local' the client's own gradient (SAM), 'global_change' the last global
+# model change the server sends (FedLESAM), 'server' the server's SAM step on
+# what it broadcasts, the clients training without SAM (FedGloSS).
+GLOBAL_PERTURBATIONS = ('local', 'global_change', 'server')
 LOSS_REDUCTIONS = ('chunk_sum', 'mean')
 # `tff.learning.optimizers` a server may apply to the averaged update
 # (`fedrecgel.build_server_optimizer`); Adam is the authors'.
@@ -48,6 +53,11 @@ class ClientWorkConfig:
         'num_examples'.
       sam_eta: ASAM's eta for the global part (its perturbation scaled by
         `|w| + eta` on the weight matrices and embeddings); None: plain SAM.
+      global_perturbation: One of `GLOBAL_PERTURBATIONS`: 'local' (SAM on the
+        client's gradient), 'global_change' (FedLESAM: the global part moved
+        by rho_sh along the last global model change, one backward pass a
+        step) or 'server' (FedGloSS: rho_sh is the server's radius, the
+        clients train without SAM).
     """
 
     rho_sh: float = 0.0
@@ -62,9 +72,11 @@ class ClientWorkConfig:
     client_lr: float = 0.01
     client_weighting: str = 'uniform'
     sam_eta: float | None = None
+    global_perturbation: str = 'local'
 
     def __post_init__(self):
         for name, value, allowed in (
+            ('global_perturbation', self.global_perturbation, GLOBAL_PERTURBATIONS),
             ('loss_reduction', self.loss_reduction, LOSS_REDUCTIONS),
             ('local_state', self.local_state, LOCAL_STATES),
             ('update', self.update, UPDATE_MODES),
@@ -81,6 +93,10 @@ class ClientWorkConfig:
                                  f'{getattr(self, name)}')
         if self.sam_eta is not None and not 0 <= self.sam_eta < float('inf'):
             raise ValueError(f'sam_eta must be >= 0 and finite, got {self.sam_eta}')
+        if self.global_perturbation != 'local' and (
+                self.update != 'model_delta' or self.rho_ns != 0 or self.sam_eta is not None):
+            raise ValueError(f'global_perturbation={self.global_perturbation!r} needs '
+                             "update='model_delta', rho_ns=0 and no sam_eta")
         if self.chunk_size < 1 or self.local_epochs < 1 or self.reconstruction_steps < 1:
             raise ValueError('chunk_size, local_epochs and reconstruction_steps '
                              'must be positive')

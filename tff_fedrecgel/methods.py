@@ -38,6 +38,10 @@ TRAINING_SETTINGS = ('rho_sh', 'rho_ns', 'local_lr', 'server_lr', 'server_optimi
                      'loss_reduction', 'update', 'local_epochs', 'client_lr',
                      'client_weighting', 'sharpness_probe', 'workers')
 _FEDRECGEL_BUILDER = 'tff_fedrecgel.simulation.fedrecgel_adapter:build'
+# FedLESAM and FedGloSS: the server's distributor holds a state the
+# multi-worker round and the sharpness probe do not carry.
+_GLOBAL_SAM_TAKES = frozenset(TRAINING_SETTINGS) - {'workers', 'sharpness_probe'}
+_GLOBAL_SAM_NOTE = 'the server sends the perturbation: no --workers, no sharpness probe'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +71,9 @@ class Method:
         none is given (None: the task's).
       sam_eta: ASAM's eta of its client work (the global part's perturbation
         relative to the weights' size); None: plain SAM.
+      global_perturbation: Where its global part's SAM perturbation comes
+        from (`algorithm_config.GLOBAL_PERTURBATIONS`): 'local' (the client's
+        gradient), 'global_change' (FedLESAM) or 'server' (FedGloSS).
     """
 
     name: str
@@ -85,6 +92,7 @@ class Method:
     tunable: bool = True
     default_radii: tuple[float, float] | None = None
     sam_eta: float | None = None
+    global_perturbation: str = 'local'
 
     def radii(self, rho_sh: float, rho_ns: float) -> tuple[float, float]:
         """The radii a run uses, given the task's (or the flags') radii.
@@ -127,6 +135,20 @@ METHODS = {m.name: m for m in (
     Method('fedasam', 'FedASAM', 'FedASAM: FedSAM with adaptive SAM (the step scaled by '
            '|w| + 0.2 on weight matrices and embeddings; radius 0.7 unless given)',
            fixes={'update': 'model_delta'}, default_radii=(0.7, 0.0), sam_eta=0.2),
+    # FedLESAM's rho 0.1 is the default of its authors' train.py
+    # (MediaBrain-SJTU/FedLESAM); FedGloSS's server rho 0.15 is its authors'
+    # CIFAR-10 command (debcaldarola/fedgloss README).
+    Method('fedlesam', 'FedLESAM', 'FedLESAM: FedSAM whose perturbation of the shared part is '
+           'the last global model change the server sends (one backward pass a step; radius '
+           '0.1 unless given; the user embedding by plain Adam)',
+           rho_ns=0.0, fixes={'update': 'model_delta'}, default_radii=(0.1, 0.0),
+           takes=_GLOBAL_SAM_TAKES, note=_GLOBAL_SAM_NOTE, exports=False, tunable=False,
+           global_perturbation='global_change'),
+    Method('fedgloss', 'FedGloSS', 'FedGloSS: SAM on the server, which sends the weights moved '
+           'along its last pseudo-gradient (radius 0.15 unless given) and steps the unmoved '
+           'ones; clients train without SAM', rho_ns=0.0, fixes={'update': 'model_delta'},
+           default_radii=(0.15, 0.0), takes=_GLOBAL_SAM_TAKES, note=_GLOBAL_SAM_NOTE,
+           exports=False, tunable=False, global_perturbation='server'),
     Method('fedrecon', 'FedRecon', 'TFF\'s Federated Reconstruction (build_fed_recon) on the same '
            'NeuMF: no user state, embeddings rebuilt every round',
            rho_sh=0.0, rho_ns=0.0, algorithm=FEDRECON,

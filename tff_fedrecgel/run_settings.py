@@ -268,7 +268,8 @@ class Settings:
     def client_work(self):
         """The `ClientWorkConfig` of these settings (same names) and of the method."""
         config = algorithm_config.ClientWorkConfig
-        return config(sam_eta=methods.get_method(self.algorithm).sam_eta,
+        method = methods.get_method(self.algorithm)
+        return config(sam_eta=method.sam_eta, global_perturbation=method.global_perturbation,
                       **{f.name: getattr(self, f.name) for f in dataclasses.fields(config)
                          if hasattr(self, f.name)})
 

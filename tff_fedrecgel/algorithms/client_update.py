@@ -138,6 +138,10 @@ class _NeuMFGroup:
             steps=self._work.reconstruction_steps, learning_rate=self._work.local_lr)
 
 
+# Public names for the client works built on the same group (`global_perturbation`).
+NeuMFGroup = _NeuMFGroup
+
+
 def _group_update(model_config: neumf.ModelConfig, work: ClientWorkConfig):
     optimizer = build_sam_optimizer(work)
 
@@ -165,6 +169,9 @@ def _single_user(group_update, work: ClientWorkConfig):
         return out
 
     return update
+
+
+single_user_form = _single_user
 
 
 def build_client_update(model_config: neumf.ModelConfig, work: ClientWorkConfig, *,

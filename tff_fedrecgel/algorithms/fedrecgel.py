@@ -53,11 +53,12 @@ class ServerState(NamedTuple):
       optimizer_state: The server optimizer's state.
       aggregator_state: The aggregator's state (empty for the plain mean).
       round_num: int32, rounds completed.
-      distributor_state: The distributor's state (empty: a broadcast).
+      distributor_state: The distributor's state (empty: a broadcast; the
+        previous weights for FedLESAM, the last pseudo-gradient for FedGloSS).
       client_work_state: The client work process's state (empty).
 
     The finalizer's state is `optimizer_state`. Checkpoints hold
-    `stored()`, without the two empty states.
+    `stored()`, without the empty states.
     """
 
     global_weights: Any
@@ -69,8 +70,14 @@ class ServerState(NamedTuple):
 
     __getitem__ = client_steps.item_or_field
 
-    def stored(self) -> 'StoredServerState':
-        """The states with content, as checkpoints hold them."""
+    def stored(self):
+        """The states with content, as checkpoints hold them (a
+        `StoredServerState`, or a `StoredDistributorServerState` when the
+        distributor keeps a state)."""
+        if tf.nest.flatten(self.distributor_state):
+            return StoredDistributorServerState(self.global_weights, self.optimizer_state,
+                                                self.aggregator_state, self.round_num,
+                                                self.distributor_state)
         return StoredServerState(self.global_weights, self.optimizer_state,
                                  self.aggregator_state, self.round_num)
 
@@ -82,6 +89,10 @@ class ServerState(NamedTuple):
 # restores the whole state.
 StoredServerState = collections.namedtuple(
     'ServerState', ['global_weights', 'optimizer_state', 'aggregator_state', 'round_num'])
+# The same with the distributor's state (FedLESAM, FedGloSS), so a resume
+# keeps the last global change or pseudo-gradient.
+StoredDistributorServerState = collections.namedtuple(
+    'ServerState', StoredServerState._fields + ('distributor_state',))
 
 
 def build_server_optimizer(learning_rate: float = algorithm_config.SERVER.learning_rate,
@@ -155,7 +166,8 @@ class RoundPieces:
       client_state_type: Type of one client's state; None in reconstruct mode.
       client_data_type: Type of one client's round batch.
       server_state_type: Type of the server state (unplaced).
-      distributor: The distributor process (a broadcast).
+      distributor: The distributor process (a broadcast, or a
+        `global_perturbation` distributor).
       client_work_process: The client work as a process over the clients
         (`round_parts.build_client_work_process`).
       aggregator: The aggregation process over the clients' updates.
@@ -199,6 +211,7 @@ def build_round_pieces(
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: Aggregator | None = None,
     init_seed: int = 0,
+    global_perturbation: Any = None,
 ) -> RoundPieces:
     """Assembles the NeuMF round from its parts and hands them out.
 
@@ -215,6 +228,9 @@ def build_round_pieces(
         unweighted factory (e.g. a DP one) receives the updates of dropped
         clients as zeros.
       init_seed: Seed of the initial global weights.
+      global_perturbation: A `global_perturbation.GlobalPerturbation`
+        (FedLESAM's or FedGloSS's distributor), or None for the broadcast;
+        `client_update` must take what it sends.
 
     Returns:
       A `RoundPieces` (see the module docstring for the process's types).
@@ -224,7 +240,7 @@ def build_round_pieces(
         initial_global_weights=lambda: [
             tf.identity(v) for v in neumf.NeuMF(model_config, seed=init_seed).global_variables],
         client_update=client_update, server_optimizer=server_optimizer,
-        model_aggregator=model_aggregator)
+        model_aggregator=model_aggregator, global_perturbation=global_perturbation)
 
 
 def compose_round(
@@ -234,6 +250,7 @@ def compose_round(
     client_update: client_update_lib.ClientUpdate,
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: Aggregator | None = None,
+    global_perturbation: Any = None,
 ) -> RoundPieces:
     """Composes the round from the distributor, the client work, the
     aggregator and the finalizer, for any model.
@@ -245,6 +262,7 @@ def compose_round(
       client_update: The client work (a `client_update.ClientUpdate`).
       server_optimizer: As `build_round_pieces`.
       model_aggregator: As `build_round_pieces`.
+      global_perturbation: As `build_round_pieces`.
 
     Returns:
       A `RoundPieces`.
@@ -257,11 +275,17 @@ def compose_round(
         aggregator = model_aggregator.create(global_type, tff.TensorType(np.float32))
     else:
         aggregator = model_aggregator.create(global_type)
-    distributor = round_parts.build_distributor(global_type)
-    client_work = _build_client_work(client_update, global_type)
+    # What a client receives: the global weights, or what the distributor adds.
+    if global_perturbation is None:
+        distributor = round_parts.build_distributor(global_type)
+        received_type = global_type
+    else:
+        distributor = global_perturbation.distributor
+        received_type = distributor.next.type_signature.result.result.member
+    client_work = _build_client_work(client_update, received_type)
     persistent = client_update.state_type is not None
     client_work_process = round_parts.build_client_work_process(
-        client_work, global_type=global_type, client_state_type=client_update.state_type,
+        client_work, global_type=received_type, client_state_type=client_update.state_type,
         client_data_type=client_update.data_type)
     finalizer = round_parts.build_finalizer(server_optimizer, global_specs)
 
@@ -300,11 +324,15 @@ def compose_round(
             server_state.optimizer_state, server_state.global_weights,
             tff.federated_zip(collections.OrderedDict(update=aggregated.result,
                                                       contributing=contributing)))
+        distributor_state = distributed.state
+        if global_perturbation is not None and global_perturbation.record is not None:
+            distributor_state = global_perturbation.record(
+                distributed.state, aggregated.result, contributing)
         new_server_state = tff.federated_zip(ServerState(
             global_weights=finalized.result, optimizer_state=finalized.state,
             aggregator_state=aggregated.state,
             round_num=tff.federated_map(_next_round, server_state.round_num),
-            distributor_state=distributed.state, client_work_state=work.state))
+            distributor_state=distributor_state, client_work_state=work.state))
         metrics = tff.federated_zip(round_parts.round_metrics(
             lambda name: getattr(work.measurements, name),
             clients=tff.federated_sum(outputs.users),
@@ -370,8 +398,13 @@ def build_fedrecgel_process(
       `model_client_work.initial_client_state` gives a new user's).
 
     Raises:
-      ValueError: If the model has non-trainable or no local variables.
+      ValueError: If the model has non-trainable or no local variables, or
+        `work` takes its perturbation from the server (FedLESAM and FedGloSS
+        are built for NeuMF only, `build_round_pieces`).
     """
+    if work.global_perturbation != 'local':
+        raise ValueError(f'global_perturbation={work.global_perturbation!r} is built for '
+                         'NeuMF only (build_round_pieces)')
     global_specs, _, _ = model_client_work.model_specs(model_fn)
     return compose_round(
         global_specs=global_specs,

@@ -22,6 +22,7 @@ import tensorflow_federated as tff
 
 from tff_fedrecgel.algorithms import client_update as client_update_lib
 from tff_fedrecgel.algorithms import fedrecgel
+from tff_fedrecgel.algorithms import global_perturbation
 from tff_fedrecgel.data import batching
 from tff_fedrecgel.data.client_data import Batch
 from tff_fedrecgel.models import neumf
@@ -80,6 +81,10 @@ class FedRecGEL:
                 and work.persistent):
             raise ValueError('sharpness_probe must be positive, with persistent local '
                              'state, no workers and no custom aggregator')
+        if work.global_perturbation != 'local' and (workers is not None
+                                                    or sharpness_probe is not None):
+            raise ValueError(f'global_perturbation={work.global_perturbation!r} (FedLESAM, '
+                             'FedGloSS) runs without --workers and without the sharpness probe')
         if workers is not None and model_aggregator is not None:
             raise ValueError('a custom model_aggregator (e.g. DP) is not supported with '
                              '--workers; only the default mean is split across workers')
@@ -92,6 +97,13 @@ class FedRecGEL:
         self.max_group_examples = max_group_examples
 
         def pieces(work):
+            if work.global_perturbation != 'local':
+                return fedrecgel.build_round_pieces(
+                    model_config=model_config,
+                    client_update=global_perturbation.build_client_update(model_config, work),
+                    server_optimizer=server_optimizer, model_aggregator=model_aggregator,
+                    init_seed=seed, global_perturbation=global_perturbation.
+                    build_global_perturbation(work, neumf.global_weight_specs(model_config)))
             return fedrecgel.build_round_pieces(
                 model_config=model_config,
                 client_update=client_update_lib.build_client_update(model_config, work),
