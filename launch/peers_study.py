@@ -15,7 +15,10 @@ from tff_fedrecgel.launch.study import Run
 
 # PFedRec's authors train every user every round (their code's defaults:
 # 4 negatives, 1 local epoch, which are the project's defaults too).
-PEER_SETTINGS = {'pfedrec': ('--client_fraction=1',)}
+# FedRAP's authors too (`--clients_sample_ratio 1.0`, 4 negatives; its other
+# settings are `algorithm_config.FEDRAP`, fixed).
+PEER_SETTINGS = {'pfedrec': ('--client_fraction=1',),
+                 'fedrap': ('--client_fraction=1',)}
 PEER_SEEDS = 5
 
 
