@@ -218,8 +218,9 @@ def make_client_update(num_items: int, config: algorithm_config.FedRAPConfig):
             new['loss_sum'] = v['loss_sum'] + on * loss * n
             new['count'] = v['count'] + on * n
             # At an epoch's end, the authors' stopping rule on the running mean.
-            ends = on * tf.cast(tf.math.floormod(k + 1, tf.maximum(epoch_batches, 1)) == 0,
-                                tf.float32)
+            # tf.equal, not ==: inside TFF's graph == compares the objects.
+            ends = on * tf.cast(tf.equal(tf.math.floormod(k + 1, tf.maximum(epoch_batches, 1)),
+                                         0), tf.float32)
             mean = new['loss_sum'] / tf.maximum(new['count'], 1.0)
             stop = tf.logical_and(
                 v['epochs'] > 0,
