@@ -56,6 +56,11 @@ _BATCH = flags.DEFINE_integer('batch_size', 256, 'Local minibatch size (the auth
                               'per epoch to every user of the case).')
 _CURRICULUM = flags.DEFINE_enum('curriculum', 'fixed', ['fixed', 'tanh'],
                                 'How lam and mu grow over rounds.')
+_TOL = flags.DEFINE_float('tol', algorithm_config.FEDRAP.tol, 'The early stop\'s relative '
+                          'tolerance (a larger one makes users stop early).')
+_CONTRAST = flags.DEFINE_list('ours_only', [], 'Settings changed on the project\'s side only, '
+                              'as name=value of FedRAPConfig (shows the check can fail), '
+                              'e.g. weight_decay=0.')
 _TOLERANCE = flags.DEFINE_float('tolerance', 1e-4, 'Largest allowed absolute difference.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the weights, batches and orders.')
 _KEEP = flags.DEFINE_string('keep_dir', None, 'Keep the case and both sides\' results here.')
@@ -98,10 +103,11 @@ def _project_side(case, config, seed):
             [(case[f'r{r}_u{u}_items'], case[f'r{r}_u{u}_labels']) for u in users],
             [case[f'r{r}_u{u}_order'] for u in users], int(case[f'r{r}_width']),
             config.local_epochs)
-        state, new_users, _ = algorithm.process.next(
+        state, new_users, metrics = algorithm.process.next(
             algorithm.state, [algorithm._users_struct(users, data)],  # pylint: disable=protected-access
             [data.as_struct()])
         algorithm.state = state
+        out[f'steps_r{r}'] = int(metrics['steps'])
         algorithm._keep(users, data, new_users[0])  # pylint: disable=protected-access
         out[f'r{r}_table'] = algorithm.global_weights[0]
         for u in users:
@@ -132,7 +138,14 @@ def main(argv):
         data_dir = os.path.join(data_dir, _TASK.value)
     split = tasks.get_task(_TASK.value).load_split(data_dir=data_dir)
     config = dataclasses.replace(algorithm_config.FEDRAP, local_epochs=_EPOCHS.value,
-                                 batch_size=_BATCH.value, curriculum=_CURRICULUM.value)
+                                 batch_size=_BATCH.value, curriculum=_CURRICULUM.value,
+                                 tol=_TOL.value)
+    ours_config = config
+    for item in _CONTRAST.value:
+        name, sep, value = item.partition('=')
+        if not sep or name not in {f.name for f in dataclasses.fields(config)}:
+            raise app.UsageError(f'--ours_only takes name=value of FedRAPConfig, got {item!r}')
+        ours_config = dataclasses.replace(ours_config, **{name: float(value)})
     counts = np.bincount(split.train_users, minlength=split.num_users)
     users = sorted(np.argsort(-counts, kind='stable')[:_USERS.value].tolist())
     case = _case(split, config, users, _ROUNDS.value, _SEED.value)
@@ -145,14 +158,19 @@ def main(argv):
                                                    'oracle_fedrap_authors.py'),
                         _AUTHORS.value, case_path, out_path], check=True)
         theirs = dict(np.load(out_path))
-        ours = _project_side(case, config, _SEED.value)
+        ours = _project_side(case, ours_config, _SEED.value)
         if _KEEP.value:
             np.savez(os.path.join(folder, 'ours.npz'), **ours)
+    steps = [ours.pop(f'steps_r{r}') for r in range(_ROUNDS.value)]
     diffs = compare(ours, theirs)
     print(f'{_TASK.value}: {split.num_users} users x {split.num_items} items; case of '
           f'{len(users)} users with {int(counts[users].sum())} training rows, '
           f'{_ROUNDS.value} rounds, batch {config.batch_size}, {config.local_epochs} '
-          f'local epochs, curriculum {config.curriculum}, one group in one TFF client')
+          f'local epochs, tol {config.tol:g}, curriculum {config.curriculum}, one group in one '
+          f'TFF client{"; ours only: " + ",".join(_CONTRAST.value) if _CONTRAST.value else ""}')
+    full = sum(-(-len(case[f'r0_u{u}_items']) // int(case['r0_width'])) for u in users)
+    print(f'  local steps per round (ours): {steps}; without early stops about '
+          f'{full * config.local_epochs}')
     for name, (diff, scale) in diffs.items():
         print(f'  max |ours - authors| {name:<14} {diff:.3g}  (max |authors| {scale:.3g})')
     worst = max(diff for diff, _ in diffs.values())
