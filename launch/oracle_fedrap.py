@@ -145,7 +145,11 @@ def main(argv):
         name, sep, value = item.partition('=')
         if not sep or name not in {f.name for f in dataclasses.fields(config)}:
             raise app.UsageError(f'--ours_only takes name=value of FedRAPConfig, got {item!r}')
-        ours_config = dataclasses.replace(ours_config, **{name: float(value)})
+        try:
+            ours_config = dataclasses.replace(ours_config, **{name: type(getattr(config, name))(
+                value)})
+        except ValueError as e:
+            raise app.UsageError(f'--ours_only {item}: {e}') from None
     counts = np.bincount(split.train_users, minlength=split.num_users)
     users = sorted(np.argsort(-counts, kind='stable')[:_USERS.value].tolist())
     case = _case(split, config, users, _ROUNDS.value, _SEED.value)
