@@ -136,10 +136,12 @@ def main(argv):
     data_dir = _DATA_DIR.value
     if data_dir and os.path.isdir(os.path.join(data_dir, _TASK.value)):
         data_dir = os.path.join(data_dir, _TASK.value)
-    split = tasks.get_task(_TASK.value).load_split(data_dir=data_dir)
-    config = dataclasses.replace(algorithm_config.FEDRAP, local_epochs=_EPOCHS.value,
-                                 batch_size=_BATCH.value, curriculum=_CURRICULUM.value,
-                                 tol=_TOL.value)
+    try:
+        config = dataclasses.replace(algorithm_config.FEDRAP, local_epochs=_EPOCHS.value,
+                                     batch_size=_BATCH.value, curriculum=_CURRICULUM.value,
+                                     tol=_TOL.value)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
     ours_config = config
     for item in _CONTRAST.value:
         name, sep, value = item.partition('=')
@@ -150,6 +152,10 @@ def main(argv):
                 value)})
         except ValueError as e:
             raise app.UsageError(f'--ours_only {item}: {e}') from None
+    try:
+        split = tasks.get_task(_TASK.value).load_split(data_dir=data_dir)
+    except (ValueError, OSError) as e:
+        sys.exit(f'error: {e}')
     counts = np.bincount(split.train_users, minlength=split.num_users)
     users = sorted(np.argsort(-counts, kind='stable')[:_USERS.value].tolist())
     case = _case(split, config, users, _ROUNDS.value, _SEED.value)
