@@ -17,8 +17,10 @@ from tff_fedrecgel.launch.study import Run
 # 4 negatives, 1 local epoch, which are the project's defaults too).
 PEER_SETTINGS = {
     'pfedrec': ('--client_fraction=1',),
-    # GPFedRec's authors also train every user every round.
+    # GPFedRec's and FedRAP's authors also train every user every round
+    # (FedRAP's other settings are `algorithm_config.FEDRAP`, fixed).
     'gpfedrec': ('--client_fraction=1',),
+    'fedrap': ('--client_fraction=1',),
     # FedLESAM's authors' train.py defaults: 5 local epochs of SGD at 0.1 on
     # minibatches of 25, rho 0.1, the server adding the mean change (SGD at 1).
     'fedlesam': ('--local_epochs=5', '--client_lr=0.1', '--chunk_size=25', '--rho_sh=0.1',

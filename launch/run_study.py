@@ -76,7 +76,7 @@ _PLAN = flags.DEFINE_enum(
     'with a validation item, 10% held-out users and both protocols; transfer: '
     'candidate recipes on every dataset and a generated log, for the choice of '
     '--preset=auto by leaving one dataset out (launch/transfer_study.py); '
-    'peers: the peer recommenders (PFedRec) under their authors\' settings beside '
+    'peers: the peer recommenders (PFedRec, FedRAP) under their authors\' settings beside '
     'the popularity floor, with a validation item, 10% held-out users and both '
     'protocols (--methods does not apply).')
 

@@ -426,7 +426,7 @@ def build_federated_full_evaluation(
 
 def ranks_from_scores(scores: np.ndarray, heldout_items: np.ndarray,
                       train_csr: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """Full-ranking ranks of users scored by a model of their own (PFedRec).
+    """Full-ranking ranks of users scored by a model of their own (PFedRec, FedRAP).
 
     Args:
       scores: float `[users, num_items]`, each user's score of every item.

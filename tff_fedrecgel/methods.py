@@ -3,7 +3,8 @@
 FedRecGEL, FedNCF and the two SAM ablations are one algorithm with different
 SAM radii; FedMF is it on the GMF-only model; FedRecon is TFF's Federated
 Reconstruction on the same NeuMF; PFedRec is a peer recommender with its own
-model (no user embedding). Each method is one `Method`: the settings
+model (no user embedding), FedRAP another (a global item table plus each
+user's additive one). Each method is one `Method`: the settings
 it takes and fixes, its builder, whether it exports, is tuned and takes DP.
 The command line, the API, the study plan, the tuner, the export and the
 simulation builder all read this one registry: a new method is its adapter
@@ -26,6 +27,7 @@ FEDRECGEL = 'fedrecgel'
 FEDRECON = 'fedrecon'
 PFEDREC = 'pfedrec'
 GPFEDREC = 'gpfedrec'
+FEDRAP = 'fedrap'
 ITEMPOP = 'itempop'
 CENTRAL = 'central'
 
@@ -56,7 +58,7 @@ class Method:
       rho_ns: The local radius it fixes (None: the task's or the flag's).
       gmf_only: Whether it uses the GMF-only model (no MLP branch).
       algorithm: Its family: `FEDRECGEL` (one TFF process, SAM radii as
-        settings), `FEDRECON`, `PFEDREC`, `GPFEDREC`, `ITEMPOP` (the popularity floor) or `CENTRAL`
+        settings), `FEDRECON`, `PFEDREC`, `GPFEDREC`, `FEDRAP`, `ITEMPOP` (the popularity floor) or `CENTRAL`
         (the non-federated ceiling).
       builder: `'module:function'` building its simulation algorithm from a
         `simulation.context.BuildContext` (imported when first built).
@@ -172,6 +174,13 @@ METHODS = {m.name: m for m in (
            takes=frozenset({'num_negatives', 'local_epochs'}),
            note='GPFedRec: SGD at its authors\' rates, no server optimizer',
            private=False, exports=False, tunable=False),
+    Method('fedrap', 'FedRAP', 'FedRAP (Li et al., ICLR 2024): each user\'s item table is a '
+           'global part averaged by the server plus an additive part kept on its device',
+           rho_sh=0.0, rho_ns=0.0, algorithm=FEDRAP,
+           builder='tff_fedrecgel.simulation.fedrap_adapter:build',
+           takes=frozenset({'num_negatives'}),
+           note='FedRAP: SGD at its authors\' rates and 10 local epochs, no server optimizer, '
+           'no user embedding', private=False, exports=False, tunable=False),
     Method('itempop', 'popularity', 'item popularity counted federatedly, no model (the floor)',
            rho_sh=0.0, rho_ns=0.0, algorithm=ITEMPOP,
            builder='tff_fedrecgel.simulation.baseline_adapters:build_itempop',

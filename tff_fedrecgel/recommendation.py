@@ -156,12 +156,12 @@ class TrainedModel:
 
         Raises:
           ValueError: For a method whose users score with models of their own
-            (PFedRec): it is evaluated, not served here.
+            (PFedRec, FedRAP): it is evaluated, not served here.
         """
         algorithm = simulation.algorithm
         if getattr(algorithm, 'score_items', None) is not None:
             raise ValueError('this method\'s users score items with models of their own '
-                             '(PFedRec): it is trained and evaluated, but recommendations '
+                             '(PFedRec, FedRAP): it is trained and evaluated, but recommendations '
                              'and the SavedModel serve NeuMF methods only')
         return cls(model_config=algorithm.model_config,
                    global_weights=simulation.global_weights, split=simulation.split,

@@ -54,7 +54,7 @@ class Algorithm(Protocol):
         float `[num_items]`, and the driver needs no embeddings.
 
     An algorithm whose users each score items with a model of their own
-    (PFedRec) has a method `score_items(users, batches)` -> float
+    (PFedRec, FedRAP) has a method `score_items(users, batches)` -> float
     `[len(users), num_items]`: training users (`batches` None) with their
     stored models, new users first fitted on their `batches`; the driver
     then ranks those scores and needs no embeddings either.

@@ -1,0 +1,193 @@
+"""Checks the project's FedRAP against its authors' published code.
+
+On a small case of this project's split (a few users of a task, their round
+batches with the project's negatives), both implementations start from the
+same initial weights (C, D0, score function) and see the same users and the
+same minibatches in the same order for `--rounds` rounds; the script
+compares, after each round, the server's C and every user's score function
+and whole D_u (the project's stored as `scale * D0 + trained rows`). The
+authors' code (mtics/FedRAP) runs from `--authors_code` in a separate Python
+with torch (`--torch_python`), through launch/oracle_fedrap_authors.py;
+nothing of it is copied here.
+
+    .venv/bin/python launch/oracle_fedrap.py --authors_code=/tmp/fedrap_oracle \\
+        --torch_python=/tmp/torch_venv/bin/python --task=filmtrust \\
+        --data_dir=/work/shared/datasets
+
+`--curriculum=fixed` (the default) is what the published code computes (its
+loss reads the final `lambda` and `mu` from the first round); `tanh` feeds
+its engine's curriculum values into its loss. Prints the largest absolute
+difference of each compared quantity and exits non-zero if any exceeds
+`--tolerance`.
+"""
+
+import collections
+import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
+import types
+
+from absl import app
+from absl import flags
+import numpy as np
+
+if __package__ in (None, ''):
+    # Run as `python launch/oracle_fedrap.py`: make the repository importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tff_fedrecgel import algorithm_config  # pylint: disable=g-import-not-at-top
+from tff_fedrecgel.data.client_data import FederatedTrainData  # pylint: disable=g-import-not-at-top
+
+_AUTHORS = flags.DEFINE_string('authors_code', None, 'Folder of the authors\' code.',
+                               required=True)
+_TORCH = flags.DEFINE_string('torch_python', sys.executable,
+                             'A Python with numpy, pandas and torch.')
+_TASK = flags.DEFINE_string('task', 'filmtrust', 'The task whose split gives the case.')
+_DATA_DIR = flags.DEFINE_string('data_dir', None, 'The task\'s data folder, or a folder '
+                                'holding it under the task\'s name.')
+_USERS = flags.DEFINE_integer('users', 6, 'Users of the case (the most active ones).')
+_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds compared.')
+_EPOCHS = flags.DEFINE_integer('local_epochs', algorithm_config.FEDRAP.local_epochs,
+                               'Local epochs.')
+_BATCH = flags.DEFINE_integer('batch_size', 256, 'Local minibatch size (the authors\' '
+                              f'{algorithm_config.FEDRAP.batch_size} gives one minibatch '
+                              'per epoch to every user of the case).')
+_CURRICULUM = flags.DEFINE_enum('curriculum', 'fixed', ['fixed', 'tanh'],
+                                'How lam and mu grow over rounds.')
+_TOL = flags.DEFINE_float('tol', algorithm_config.FEDRAP.tol, 'The early stop\'s relative '
+                          'tolerance (a larger one makes users stop early).')
+_CONTRAST = flags.DEFINE_list('ours_only', [], 'Settings changed on the project\'s side only, '
+                              'as name=value of FedRAPConfig (shows the check can fail), '
+                              'e.g. weight_decay=0.')
+_TOLERANCE = flags.DEFINE_float('tolerance', 1e-4, 'Largest allowed absolute difference.')
+_SEED = flags.DEFINE_integer('seed', 0, 'Seed of the weights, batches and orders.')
+_KEEP = flags.DEFINE_string('keep_dir', None, 'Keep the case and both sides\' results here.')
+
+
+def _case(split, config, users, rounds, seed):
+    """The case both sides run: weights, and per round the users' batches."""
+    from tff_fedrecgel.algorithms import fedrap  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.algorithms import pfedrec  # pylint: disable=g-import-not-at-top
+    c0, d0, w0, b0 = fedrap.initial_weights(split.num_items, config, seed)
+    data = FederatedTrainData.from_split(split)
+    case = {'num_users': split.num_users, 'num_items': split.num_items, 'rounds': rounds,
+            'c0': c0, 'd0': d0, 'w0': w0, 'b0': np.float32(b0),
+            **{f.name: getattr(config, f.name) for f in dataclasses.fields(config)}}
+    for r in range(rounds):
+        case[f'r{r}_users'] = np.asarray(users)
+        batches = data.round_batches(users, seed=seed, round_num=r + 1)
+        width = min(config.batch_size, max(len(items) for items, _ in batches))
+        case[f'r{r}_width'] = width
+        for u, (items, labels) in zip(users, batches):
+            order = pfedrec.epoch_orders(len(items), config.local_epochs, width,
+                                         np.random.default_rng([seed, r, u]))
+            case.update({f'r{r}_u{u}_items': items, f'r{r}_u{u}_labels': labels,
+                         f'r{r}_u{u}_order': order})
+    return case
+
+
+def _project_side(case, config, seed):
+    """The project's TFF round and the adapter's storage on the case."""
+    from tff_fedrecgel.algorithms import fedrap  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.simulation import fedrap_adapter  # pylint: disable=g-import-not-at-top
+    algorithm = fedrap_adapter.FedRAP(
+        model_config=types.SimpleNamespace(num_items=int(case['num_items'])),
+        num_users=int(case['num_users']), seed=seed, config=config)
+    algorithm.initialize()
+    out = {}
+    for r in range(int(case['rounds'])):
+        users = np.asarray(case[f'r{r}_users'], np.int64)
+        data = fedrap.pack_groups(
+            [(case[f'r{r}_u{u}_items'], case[f'r{r}_u{u}_labels']) for u in users],
+            [case[f'r{r}_u{u}_order'] for u in users], int(case[f'r{r}_width']),
+            config.local_epochs)
+        state, new_users, metrics = algorithm.process.next(
+            algorithm.state, [algorithm._users_struct(users, data)],  # pylint: disable=protected-access
+            [data.as_struct()])
+        algorithm.state = state
+        out[f'steps_r{r}'] = int(metrics['steps'])
+        algorithm._keep(users, data, new_users[0])  # pylint: disable=protected-access
+        out[f'r{r}_table'] = algorithm.global_weights[0]
+        for u in users:
+            out.update({f'r{r}_u{u}_w': algorithm.w[u].copy(), f'r{r}_u{u}_b': algorithm.b[u],
+                        f'r{r}_u{u}_personal': algorithm.dense_personal(u)})
+    return out
+
+
+def compare(ours, theirs) -> collections.OrderedDict:
+    """Per round, for the server table and each user part (w, b, D_u) over
+    the users: (largest absolute difference, largest |authors' value|)."""
+    diffs = collections.OrderedDict()
+    for key in sorted(theirs):
+        part = key.split('_')[-1] if '_u' in key else 'server_C'
+        name = f'{key.split("_")[0]} {part}'
+        diff = float(np.max(np.abs(np.asarray(ours[key], np.float64) - theirs[key])))
+        scale = float(np.max(np.abs(theirs[key])))
+        old = diffs.get(name, (0.0, 0.0))
+        diffs[name] = (max(old[0], diff), max(old[1], scale))
+    return diffs
+
+
+def main(argv):
+    del argv
+    from tff_fedrecgel import tasks  # pylint: disable=g-import-not-at-top
+    data_dir = _DATA_DIR.value
+    if data_dir and os.path.isdir(os.path.join(data_dir, _TASK.value)):
+        data_dir = os.path.join(data_dir, _TASK.value)
+    try:
+        config = dataclasses.replace(algorithm_config.FEDRAP, local_epochs=_EPOCHS.value,
+                                     batch_size=_BATCH.value, curriculum=_CURRICULUM.value,
+                                     tol=_TOL.value)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    ours_config = config
+    for item in _CONTRAST.value:
+        name, sep, value = item.partition('=')
+        if not sep or name not in {f.name for f in dataclasses.fields(config)}:
+            raise app.UsageError(f'--ours_only takes name=value of FedRAPConfig, got {item!r}')
+        try:
+            ours_config = dataclasses.replace(ours_config, **{name: type(getattr(config, name))(
+                value)})
+        except ValueError as e:
+            raise app.UsageError(f'--ours_only {item}: {e}') from None
+    try:
+        split = tasks.get_task(_TASK.value).load_split(data_dir=data_dir)
+    except (ValueError, OSError) as e:
+        sys.exit(f'error: {e}')
+    counts = np.bincount(split.train_users, minlength=split.num_users)
+    users = sorted(np.argsort(-counts, kind='stable')[:_USERS.value].tolist())
+    case = _case(split, config, users, _ROUNDS.value, _SEED.value)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _KEEP.value or tmp
+        os.makedirs(folder, exist_ok=True)
+        case_path, out_path = os.path.join(folder, 'case.npz'), os.path.join(folder, 'out.npz')
+        np.savez(case_path, **case)
+        subprocess.run([_TORCH.value, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                   'oracle_fedrap_authors.py'),
+                        _AUTHORS.value, case_path, out_path], check=True)
+        theirs = dict(np.load(out_path))
+        ours = _project_side(case, ours_config, _SEED.value)
+        if _KEEP.value:
+            np.savez(os.path.join(folder, 'ours.npz'), **ours)
+    steps = [ours.pop(f'steps_r{r}') for r in range(_ROUNDS.value)]
+    diffs = compare(ours, theirs)
+    print(f'{_TASK.value}: {split.num_users} users x {split.num_items} items; case of '
+          f'{len(users)} users with {int(counts[users].sum())} training rows, '
+          f'{_ROUNDS.value} rounds, batch {config.batch_size}, {config.local_epochs} '
+          f'local epochs, tol {config.tol:g}, curriculum {config.curriculum}, one group in one '
+          f'TFF client{"; ours only: " + ",".join(_CONTRAST.value) if _CONTRAST.value else ""}')
+    full = sum(-(-len(case[f'r0_u{u}_items']) // int(case['r0_width'])) for u in users)
+    print(f'  local steps per round (ours): {steps}; without early stops about '
+          f'{full * config.local_epochs}')
+    for name, (diff, scale) in diffs.items():
+        print(f'  max |ours - authors| {name:<14} {diff:.3g}  (max |authors| {scale:.3g})')
+    worst = max(diff for diff, _ in diffs.values())
+    print(f'max abs diff {worst:.3g} (tolerance {_TOLERANCE.value:g}): '
+          f'{"OK" if worst <= _TOLERANCE.value else "FAILED"}')
+    sys.exit(0 if worst <= _TOLERANCE.value else 1)
+
+
+if __name__ == '__main__':
+    app.run(main)
