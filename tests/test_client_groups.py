@@ -167,3 +167,19 @@ def test_vectorized_rounds_equal_per_user_rounds_on_filmtrust():
                 assert r1[key] == pytest.approx(r0[key], abs=1e-5), key
     for key in e0:
         assert e1[key] == pytest.approx(e0[key], abs=1e-5), key
+
+
+@pytest.mark.parametrize('sam_eta', [None, 0.2])
+def test_the_device_form_of_local_epochs_traces(sam_eta):
+    """FedSAM's and FedASAM's one-user form builds as a graph (the TFF
+    computation traces it) and computes what it computes eagerly."""
+    work = client_update.ClientWorkConfig(rho_sh=0.05, rho_ns=0.0, chunk_size=8,
+                                          update='model_delta', local_epochs=2,
+                                          client_lr=0.05, sam_eta=sam_eta)
+    global_weights, states, batches = _setup(0, [20, 7], None)
+    fn = client_update.build_client_update(CONFIG, work, single_user=True).fn
+    items, labels = batches[0]
+    args = (global_weights, states[0], collections.OrderedDict(items=items, labels=labels))
+    traced, eager = tf.function(fn)(*args), fn(*args)
+    for got, want in zip(traced['update'], eager['update']):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6)

@@ -191,6 +191,7 @@ def _local_epochs(group: UserGroup, work: ClientWorkConfig, optimizer, point, lo
     steps = tf.reduce_max(chunks) * work.local_epochs
 
     def body(step, local, adam, point, totals):
+        before = (local, adam, point, totals)
         c = step % tf.reduce_max(chunks)
         start = c * chunk
         end = tf.minimum(start + chunk, group.max_length)
@@ -208,6 +209,11 @@ def _local_epochs(group: UserGroup, work: ClientWorkConfig, optimizer, point, lo
         adam = tf.nest.map_structure(keep, new_adam, adam)
         local = [keep(n, o) for n, o in zip(new_local, local)]
         totals = [t + tf.where(active, x, 0.0) for t, x in zip(totals, (losses, loss_sh, loss_ns))]
+        # The gradients' user axis is unknown when one user's is 1: keep the
+        # loop's shapes (the device form traces with [1, ...] state).
+        local, adam, point, totals = tf.nest.map_structure(
+            lambda new, old: tf.ensure_shape(new, old.shape), (local, adam, point, totals),
+            before)
         return step + 1, local, adam, point, totals
 
     zeros = tf.zeros([group.num_users], tf.float32)
