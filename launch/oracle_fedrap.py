@@ -21,12 +21,9 @@ difference of each compared quantity and exits non-zero if any exceeds
 `--tolerance`.
 """
 
-import collections
 import dataclasses
 import os
-import subprocess
 import sys
-import tempfile
 import types
 
 from absl import app
@@ -38,16 +35,9 @@ if __package__ in (None, ''):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tff_fedrecgel import algorithm_config  # pylint: disable=g-import-not-at-top
+from tff_fedrecgel.launch import _oracle  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.data.client_data import FederatedTrainData  # pylint: disable=g-import-not-at-top
 
-_AUTHORS = flags.DEFINE_string('authors_code', None, 'Folder of the authors\' code.',
-                               required=True)
-_TORCH = flags.DEFINE_string('torch_python', sys.executable,
-                             'A Python with numpy, pandas and torch.')
-_TASK = flags.DEFINE_string('task', 'filmtrust', 'The task whose split gives the case.')
-_DATA_DIR = flags.DEFINE_string('data_dir', None, 'The task\'s data folder, or a folder '
-                                'holding it under the task\'s name.')
-_USERS = flags.DEFINE_integer('users', 6, 'Users of the case (the most active ones).')
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds compared.')
 _EPOCHS = flags.DEFINE_integer('local_epochs', algorithm_config.FEDRAP.local_epochs,
                                'Local epochs.')
@@ -62,8 +52,6 @@ _CONTRAST = flags.DEFINE_list('ours_only', [], 'Settings changed on the project\
                               'as name=value of FedRAPConfig (shows the check can fail), '
                               'e.g. weight_decay=0.')
 _TOLERANCE = flags.DEFINE_float('tolerance', 1e-4, 'Largest allowed absolute difference.')
-_SEED = flags.DEFINE_integer('seed', 0, 'Seed of the weights, batches and orders.')
-_KEEP = flags.DEFINE_string('keep_dir', None, 'Keep the case and both sides\' results here.')
 
 
 def _case(split, config, users, rounds, seed):
@@ -116,26 +104,8 @@ def _project_side(case, config, seed):
     return out
 
 
-def compare(ours, theirs) -> collections.OrderedDict:
-    """Per round, for the server table and each user part (w, b, D_u) over
-    the users: (largest absolute difference, largest |authors' value|)."""
-    diffs = collections.OrderedDict()
-    for key in sorted(theirs):
-        part = key.split('_')[-1] if '_u' in key else 'server_C'
-        name = f'{key.split("_")[0]} {part}'
-        diff = float(np.max(np.abs(np.asarray(ours[key], np.float64) - theirs[key])))
-        scale = float(np.max(np.abs(theirs[key])))
-        old = diffs.get(name, (0.0, 0.0))
-        diffs[name] = (max(old[0], diff), max(old[1], scale))
-    return diffs
-
-
 def main(argv):
     del argv
-    from tff_fedrecgel import tasks  # pylint: disable=g-import-not-at-top
-    data_dir = _DATA_DIR.value
-    if data_dir and os.path.isdir(os.path.join(data_dir, _TASK.value)):
-        data_dir = os.path.join(data_dir, _TASK.value)
     try:
         config = dataclasses.replace(algorithm_config.FEDRAP, local_epochs=_EPOCHS.value,
                                      batch_size=_BATCH.value, curriculum=_CURRICULUM.value,
@@ -152,41 +122,23 @@ def main(argv):
                 value)})
         except ValueError as e:
             raise app.UsageError(f'--ours_only {item}: {e}') from None
-    try:
-        split = tasks.get_task(_TASK.value).load_split(data_dir=data_dir)
-    except (ValueError, OSError) as e:
-        sys.exit(f'error: {e}')
-    counts = np.bincount(split.train_users, minlength=split.num_users)
-    users = sorted(np.argsort(-counts, kind='stable')[:_USERS.value].tolist())
-    case = _case(split, config, users, _ROUNDS.value, _SEED.value)
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = _KEEP.value or tmp
-        os.makedirs(folder, exist_ok=True)
-        case_path, out_path = os.path.join(folder, 'case.npz'), os.path.join(folder, 'out.npz')
-        np.savez(case_path, **case)
-        subprocess.run([_TORCH.value, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                   'oracle_fedrap_authors.py'),
-                        _AUTHORS.value, case_path, out_path], check=True)
-        theirs = dict(np.load(out_path))
-        ours = _project_side(case, ours_config, _SEED.value)
-        if _KEEP.value:
-            np.savez(os.path.join(folder, 'ours.npz'), **ours)
+    split = _oracle.load_split()
+    users, rows = _oracle.most_active_users(split)
+    case = _case(split, config, users, _ROUNDS.value, _oracle.SEED.value)
+    theirs = _oracle.run_authors('oracle_fedrap_authors.py', case)
+    ours = _project_side(case, ours_config, _oracle.SEED.value)
+    _oracle.keep(ours)
     steps = [ours.pop(f'steps_r{r}') for r in range(_ROUNDS.value)]
-    diffs = compare(ours, theirs)
-    print(f'{_TASK.value}: {split.num_users} users x {split.num_items} items; case of '
-          f'{len(users)} users with {int(counts[users].sum())} training rows, '
+    print(f'{_oracle.TASK.value}: {split.num_users} users x {split.num_items} items; case of '
+          f'{len(users)} users with {rows} training rows, '
           f'{_ROUNDS.value} rounds, batch {config.batch_size}, {config.local_epochs} '
           f'local epochs, tol {config.tol:g}, curriculum {config.curriculum}, one group in one '
           f'TFF client{"; ours only: " + ",".join(_CONTRAST.value) if _CONTRAST.value else ""}')
     full = sum(-(-len(case[f'r0_u{u}_items']) // int(case['r0_width'])) for u in users)
     print(f'  local steps per round (ours): {steps}; without early stops about '
           f'{full * config.local_epochs}')
-    for name, (diff, scale) in diffs.items():
-        print(f'  max |ours - authors| {name:<14} {diff:.3g}  (max |authors| {scale:.3g})')
-    worst = max(diff for diff, _ in diffs.values())
-    print(f'max abs diff {worst:.3g} (tolerance {_TOLERANCE.value:g}): '
-          f'{"OK" if worst <= _TOLERANCE.value else "FAILED"}')
-    sys.exit(0 if worst <= _TOLERANCE.value else 1)
+    sys.exit(_oracle.report(_oracle.max_differences(ours, theirs, 'server_C'),
+                            _TOLERANCE.value))
 
 
 if __name__ == '__main__':

@@ -24,11 +24,8 @@ take steps of `lr * num_items * lr_eta`, so their entries reach tens), and
 exits non-zero if any relative difference exceeds `--tolerance`.
 """
 
-import collections
 import os
-import subprocess
 import sys
-import tempfile
 import types
 
 from absl import app
@@ -40,15 +37,9 @@ if __package__ in (None, ''):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tff_fedrecgel import algorithm_config  # pylint: disable=g-import-not-at-top
+from tff_fedrecgel.launch import _oracle  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.data.client_data import FederatedTrainData  # pylint: disable=g-import-not-at-top
 
-_AUTHORS = flags.DEFINE_string('authors_code', None, 'Folder of the authors\' code.',
-                               required=True)
-_TORCH = flags.DEFINE_string('torch_python', sys.executable,
-                             'A Python with numpy, torch and scikit-learn.')
-_TASK = flags.DEFINE_string('task', 'filmtrust', 'The task whose split gives the case.')
-_DATA_DIR = flags.DEFINE_string('data_dir', None, 'The task\'s data folder.')
-_USERS = flags.DEFINE_integer('users', 6, 'Users of the case (the most active ones).')
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds compared.')
 _EPOCHS = flags.DEFINE_integer('local_epochs', 1, 'Local epochs.')
 _BATCH = flags.DEFINE_integer('batch_size', algorithm_config.GPFEDREC.batch_size,
@@ -60,8 +51,6 @@ _PER_USER = flags.DEFINE_bool('per_user', False, 'One user per TFF client (else 
 _TOLERANCE = flags.DEFINE_float('tolerance', 1e-6,
                                  'Largest allowed difference relative to the largest '
                                  '|authors\' value| of the quantity.')
-_SEED = flags.DEFINE_integer('seed', 0, 'Seed of the weights, batches and orders.')
-_KEEP = flags.DEFINE_string('keep_dir', None, 'Keep the case and both sides\' results here.')
 
 
 def _case(split, config, users, rounds, seed):
@@ -125,54 +114,24 @@ def _project_side(case, config, per_user):
     return out
 
 
-def compare(ours, theirs) -> collections.OrderedDict:
-    """Per round and compared part, over the users: (largest absolute
-    difference, largest |authors' value|)."""
-    diffs = collections.OrderedDict()
-    for key in sorted(theirs):
-        name = f'{key.split("_")[0]} {key.split("_")[-1]}'
-        diff = float(np.max(np.abs(np.asarray(ours[key], np.float64) - theirs[key])))
-        scale = float(np.max(np.abs(theirs[key])))
-        old = diffs.get(name, (0.0, 0.0))
-        diffs[name] = (max(old[0], diff), max(old[1], scale))
-    return diffs
-
-
 def main(argv):
     del argv
-    from tff_fedrecgel import tasks  # pylint: disable=g-import-not-at-top
-    split = tasks.get_task(_TASK.value).load_split(data_dir=_DATA_DIR.value)
+    split = _oracle.load_split()
     config = algorithm_config.GPFedRecConfig(local_epochs=_EPOCHS.value,
                                              batch_size=_BATCH.value,
                                              neighbors=_NEIGHBORS.value)
-    counts = np.bincount(split.train_users, minlength=split.num_users)
-    users = sorted(np.argsort(-counts, kind='stable')[:_USERS.value].tolist())
-    case = _case(split, config, users, _ROUNDS.value, _SEED.value)
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = _KEEP.value or tmp
-        os.makedirs(folder, exist_ok=True)
-        case_path, out_path = os.path.join(folder, 'case.npz'), os.path.join(folder, 'out.npz')
-        np.savez(case_path, **case)
-        subprocess.run([_TORCH.value, os.path.join(os.path.dirname(__file__),
-                                                   'oracle_gpfedrec_authors.py'),
-                        _AUTHORS.value, case_path, out_path], check=True)
-        theirs = dict(np.load(out_path))
-        ours = _project_side(case, config, _PER_USER.value)
-        if _KEEP.value:
-            np.savez(os.path.join(folder, 'ours.npz'), **ours)
-    diffs = compare(ours, theirs)
-    print(f'{_TASK.value}: {split.num_users} users x {split.num_items} items; case of '
-          f'{len(users)} users with {int(counts[users].sum())} training rows, '
+    users, rows = _oracle.most_active_users(split)
+    case = _case(split, config, users, _ROUNDS.value, _oracle.SEED.value)
+    theirs = _oracle.run_authors('oracle_gpfedrec_authors.py', case)
+    ours = _project_side(case, config, _PER_USER.value)
+    _oracle.keep(ours)
+    print(f'{_oracle.TASK.value}: {split.num_users} users x {split.num_items} items; case of '
+          f'{len(users)} users with {rows} training rows, '
           f'{_ROUNDS.value} rounds, batch {config.batch_size}, neighbors '
           f'{config.neighbors}, {"one user per" if _PER_USER.value else "one group in one"} '
           'TFF client')
-    for name, (diff, scale) in diffs.items():
-        print(f'  max |ours - authors| {name:<12} {diff:.3g}  (max |authors| {scale:.3g}, '
-              f'relative {diff / max(scale, 1e-30):.3g})')
-    worst = max(diff / max(scale, 1e-30) for diff, scale in diffs.values())
-    print(f'max relative diff {worst:.3g} (tolerance {_TOLERANCE.value:g}): '
-          f'{"OK" if worst <= _TOLERANCE.value else "FAILED"}')
-    sys.exit(0 if worst <= _TOLERANCE.value else 1)
+    sys.exit(_oracle.report(_oracle.max_differences(ours, theirs, 'global'),
+                            _TOLERANCE.value, relative=True))
 
 
 if __name__ == '__main__':

@@ -20,25 +20,7 @@ import types
 import numpy as np
 import torch
 
-
-class _EpochLoader:
-    """Each iteration is the next epoch's minibatches, in the case's order."""
-
-    def __init__(self, dataset_cls, items, labels, orders, batch_size):
-        self._epochs = []
-        for order in orders:
-            order = order[order >= 0]
-            self._epochs.append(torch.utils.data.DataLoader(dataset_cls(
-                user_tensor=torch.zeros(len(order), dtype=torch.long),
-                item_tensor=torch.LongTensor(items[order]),
-                target_tensor=torch.FloatTensor(labels[order])),
-                batch_size=batch_size, shuffle=False))
-        self._next = 0
-
-    def __iter__(self):
-        loader = self._epochs[self._next]
-        self._next += 1
-        return iter(loader)
+from _oracle_torch import EpochLoader  # pylint: disable=g-import-not-at-top
 
 
 class _NoNoise:
@@ -98,7 +80,7 @@ def main(code_dir: str, case_path: str, out_path: str) -> None:
     out = {}
     users = list(range(num_users))
     for r in range(int(case['rounds'])):
-        loaders = {u: _EpochLoader(their_data.UserItemRatingDataset, case[f'r{r}_u{u}_items'],
+        loaders = {u: EpochLoader(their_data.UserItemRatingDataset, case[f'r{r}_u{u}_items'],
                                    case[f'r{r}_u{u}_labels'],
                                    case[f'r{r}_u{u}_order'].reshape(epochs, -1), batch_size)
                    for u in users}

@@ -18,6 +18,7 @@ from tff_fedrecgel import methods
 from tff_fedrecgel import run_settings
 from tff_fedrecgel.algorithms import fedrap
 from tff_fedrecgel.data import preprocess
+from tff_types import uploads as _uploads, walk as _walk  # pylint: disable=g-bad-import-order
 from tff_fedrecgel.simulation import fedrap_adapter
 
 NUM_ITEMS = 9
@@ -198,36 +199,6 @@ def test_a_new_user_is_served_after_one_local_round_from_c():
     trained = algorithm.score_items([0], None)[0]
     np.testing.assert_allclose(trained, (server + algorithm.dense_personal(0)) @ algorithm.w[0]
                                + algorithm.b[0], atol=1e-4)
-
-
-def _walk(type_spec, placement=None):
-    """(placement, type) of every node of a TFF type."""
-    if isinstance(type_spec, tff.FederatedType):
-        yield from _walk(type_spec.member, type_spec.placement)
-    elif isinstance(type_spec, tff.StructType):
-        for _, member in tff.structure.iter_elements(type_spec):
-            yield from _walk(member, placement)
-    elif isinstance(type_spec, tff.FunctionType):
-        yield from _walk(type_spec.parameter, placement)
-        yield from _walk(type_spec.result, placement)
-    elif type_spec is not None:
-        yield placement, type_spec
-
-
-def _uploads(comp):
-    """(intrinsic, CLIENTS-placed operand types) of every intrinsic with a SERVER result."""
-    flows = []
-
-    def visit(node):
-        if isinstance(node, tff.framework.Intrinsic):
-            sig = node.type_signature
-            members = [t for p, t in _walk(sig.parameter) if p == tff.CLIENTS]
-            if members and any(p == tff.SERVER for p, _ in _walk(sig.result)):
-                flows.append((node.uri, members))
-        return node, False
-
-    tff.framework.transform_postorder(comp.to_building_block(), visit)
-    return flows
 
 
 def test_only_the_c_update_leaves_the_device():

@@ -18,7 +18,7 @@ from tff_fedrecgel.algorithms import gpfedrec, pfedrec
 from tff_fedrecgel.data import preprocess
 from tff_fedrecgel.errors import SettingError
 from tff_fedrecgel.simulation import gpfedrec_adapter
-from test_pfedrec import _uploads, _walk  # pylint: disable=g-bad-import-order
+from tff_types import uploads as _uploads, walk as _walk  # pylint: disable=g-bad-import-order
 
 NUM_ITEMS = 11
 CONFIG = algorithm_config.GPFedRecConfig(latent_dim=3, layers=(6, 4, 2), lr=0.2, lr_eta=0.05,

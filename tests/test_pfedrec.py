@@ -13,6 +13,7 @@ from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import run_settings
 from tff_fedrecgel.algorithms import pfedrec
 from tff_fedrecgel.data import preprocess
+from tff_types import uploads as _uploads, walk as _walk  # pylint: disable=g-bad-import-order
 
 NUM_ITEMS = 9
 CONFIG = algorithm_config.PFedRecConfig(latent_dim=4, score_lr=0.3, item_lr_eta=0.05,
@@ -106,36 +107,6 @@ def test_the_round_averages_the_users_tables():
         np.testing.assert_allclose(new_scores[u]['w'], out['scores']['w'], atol=1e-6)
     np.testing.assert_allclose(new_state['item_table'], np.mean(user_tables, axis=0), atol=1e-5)
     assert int(new_state['round_num']) == 1 and float(metrics['users']) == 2
-
-
-def _walk(type_spec, placement=None):
-    """(placement, type) of every node of a TFF type."""
-    if isinstance(type_spec, tff.FederatedType):
-        yield from _walk(type_spec.member, type_spec.placement)
-    elif isinstance(type_spec, tff.StructType):
-        for _, member in tff.structure.iter_elements(type_spec):
-            yield from _walk(member, placement)
-    elif isinstance(type_spec, tff.FunctionType):
-        yield from _walk(type_spec.parameter, placement)
-        yield from _walk(type_spec.result, placement)
-    elif type_spec is not None:
-        yield placement, type_spec
-
-
-def _uploads(comp):
-    """(intrinsic, CLIENTS-placed operand types) of every intrinsic with a SERVER result."""
-    flows = []
-
-    def visit(node):
-        if isinstance(node, tff.framework.Intrinsic):
-            sig = node.type_signature
-            members = [t for p, t in _walk(sig.parameter) if p == tff.CLIENTS]
-            if members and any(p == tff.SERVER for p, _ in _walk(sig.result)):
-                flows.append((node.uri, members))
-        return node, False
-
-    tff.framework.transform_postorder(comp.to_building_block(), visit)
-    return flows
 
 
 def test_the_server_sees_no_per_user_data():

@@ -31,6 +31,7 @@ from tff_fedrecgel import algorithm_config
 from tff_fedrecgel.algorithms import gpfedrec, pfedrec
 from tff_fedrecgel.data import batching
 from tff_fedrecgel.data.client_data import Batch
+from tff_fedrecgel.simulation import pfedrec_adapter
 from tff_fedrecgel.errors import SettingError
 
 # Salt of a user's shuffling stream, apart from the driver's batch draws.
@@ -123,21 +124,10 @@ class GPFedRec:
             for k, v in self._local0.items())
         self._new_users = {}
 
-    def _orders(self, users, batches, round_num: int) -> list[np.ndarray]:
-        return [pfedrec.epoch_orders(
-            len(items), self.config.local_epochs, self.config.batch_size,
-            np.random.default_rng([self.seed, round_num, int(u), _ORDER_SALT]))
-            for u, (items, _) in zip(users, batches)]
-
     def _client_data(self, users, batches, round_num: int):
-        orders = self._orders(users, batches, round_num)
-        if self.grouped:
-            groups = batching.group_by_length([len(o) for o in orders],
-                                              max_examples=self.max_group_examples, multiple=1)
-        else:
-            groups = [[i] for i in range(len(users))]
-        return [(g, pfedrec.pack_groups([batches[i] for i in g], [orders[i] for i in g],
-                                        self.config.batch_size)) for g in groups]
+        return pfedrec_adapter.client_groups(
+            users, batches, self.config, seed=self.seed, round_num=round_num,
+            salt=_ORDER_SALT, grouped=self.grouped, max_group_examples=self.max_group_examples)
 
     def _targets(self, users: np.ndarray):
         """The round's target tables: `T = A^mp_layers P` for the last round's
@@ -223,8 +213,9 @@ class GPFedRec:
         key = (self.round_num, tuple(int(u) for u in users))
         if key in self._new_users:
             return self._new_users[key]
-        data = pfedrec.pack_groups(batches, self._orders(users, batches, 0),
-                                   self.config.batch_size)
+        orders = pfedrec_adapter.user_orders(users, batches, self.config, seed=self.seed,
+                                             round_num=0, salt=_ORDER_SALT)
+        data = pfedrec.pack_groups(batches, orders, self.config.batch_size)
         n = len(users)
         rows0 = tf.gather(self.table, data.local_ids)
         local = collections.OrderedDict(

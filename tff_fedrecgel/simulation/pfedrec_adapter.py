@@ -30,6 +30,39 @@ from tff_fedrecgel.data.client_data import Batch
 _ORDER_SALT = 0x5FED
 
 
+def user_orders(users: Sequence[int], batches: Sequence[Batch], config, *, seed: int,
+                round_num: int, salt: int) -> list[np.ndarray]:
+    """Each user's training order for the round (`pfedrec.epoch_orders`),
+    from `default_rng([seed, round_num, user, salt])`.
+
+    Args:
+      config: Has `local_epochs` and `batch_size`.
+    """
+    return [pfedrec.epoch_orders(len(items), config.local_epochs, config.batch_size,
+                                 np.random.default_rng([seed, round_num, int(u), salt]))
+            for u, (items, _) in zip(users, batches)]
+
+
+def client_groups(users: Sequence[int], batches: Sequence[Batch], config, *, seed: int,
+                  round_num: int, salt: int, grouped: bool, max_group_examples: int
+                  ) -> list[tuple[list[int], pfedrec.ClientData]]:
+    """A round's TFF clients, for PFedRec's data layout: each a list of
+    positions in `users` and their packed `pfedrec.ClientData` (one user per
+    client unless `grouped`).
+
+    Args:
+      config: Has `local_epochs` and `batch_size`.
+    """
+    orders = user_orders(users, batches, config, seed=seed, round_num=round_num, salt=salt)
+    if grouped:
+        groups = batching.group_by_length([len(o) for o in orders],
+                                          max_examples=max_group_examples, multiple=1)
+    else:
+        groups = [[i] for i in range(len(users))]
+    return [(g, pfedrec.pack_groups([batches[i] for i in g], [orders[i] for i in g],
+                                    config.batch_size)) for g in groups]
+
+
 class PFedRec:
     """PFedRec over a population (an `Algorithm` of the driver)."""
 
@@ -90,17 +123,9 @@ class PFedRec:
     def _client_data(self, users: Sequence[int], batches: Sequence[Batch],
                      round_num: int) -> list[tuple[list[int], pfedrec.ClientData]]:
         """The round's TFF clients: (positions in `users`, their data)."""
-        orders = [pfedrec.epoch_orders(
-            len(items), self.config.local_epochs, self.config.batch_size,
-            np.random.default_rng([self.seed, round_num, int(u), _ORDER_SALT]))
-            for u, (items, _) in zip(users, batches)]
-        if self.grouped:
-            groups = batching.group_by_length([len(o) for o in orders],
-                                              max_examples=self.max_group_examples, multiple=1)
-        else:
-            groups = [[i] for i in range(len(users))]
-        return [(g, pfedrec.pack_groups([batches[i] for i in g], [orders[i] for i in g],
-                                        self.config.batch_size)) for g in groups]
+        return client_groups(users, batches, self.config, seed=self.seed, round_num=round_num,
+                             salt=_ORDER_SALT, grouped=self.grouped,
+                             max_group_examples=self.max_group_examples)
 
     def _keep_offsets(self, users, data: pfedrec.ClientData, offsets, batches) -> None:
         for row, user in enumerate(users):
@@ -153,10 +178,8 @@ class PFedRec:
         key = (self.round_num, tuple(int(u) for u in users))
         if key in self._new_users:
             return self._new_users[key]
-        orders = [pfedrec.epoch_orders(
-            len(items), self.config.local_epochs, self.config.batch_size,
-            np.random.default_rng([self.seed, 0, int(u), _ORDER_SALT]))
-            for u, (items, _) in zip(users, batches)]
+        orders = user_orders(users, batches, self.config, seed=self.seed, round_num=0,
+                             salt=_ORDER_SALT)
         data = pfedrec.pack_groups(batches, orders, self.config.batch_size)
         n = len(users)
         out = self._update(
