@@ -87,3 +87,22 @@ class _Reference(tuple):
         reference = super().__new__(cls, values)
         reference.seconds = seconds
         return reference
+
+
+@pytest.fixture(scope='session')
+def planted():
+    """Two tastes: even users take items of the first half, odd users of the
+    second; popularity cannot tell them apart, a personal model can (60
+    users, 40 items, 10 rows each)."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import pandas as pd  # pylint: disable=import-outside-toplevel
+    from tff_fedrecgel.data import preprocess  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.default_rng(0)
+    num_users, num_items, per_user = 60, 40, 10
+    rows = []
+    for u in range(num_users):
+        pool = np.arange(num_items // 2) + (num_items // 2) * (u % 2)
+        rows += [(u, int(i), t) for t, i in enumerate(rng.choice(pool, per_user, replace=False))]
+    return preprocess.build_split(pd.DataFrame(rows, columns=['user', 'item', 'timestamp']),
+                                  num_negatives=20)

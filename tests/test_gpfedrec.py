@@ -7,7 +7,6 @@ import copy
 import types
 
 import numpy as np
-import pandas as pd
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -15,7 +14,6 @@ import tensorflow_federated as tff
 from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import run_settings
 from tff_fedrecgel.algorithms import gpfedrec, pfedrec
-from tff_fedrecgel.data import preprocess
 from tff_fedrecgel.errors import SettingError
 from tff_fedrecgel.simulation import gpfedrec_adapter
 from tff_types import uploads as _uploads, walk as _walk  # pylint: disable=g-bad-import-order
@@ -179,20 +177,6 @@ def test_tables_that_do_not_fit_are_refused(monkeypatch):
     with pytest.raises(SettingError, match=r'gpfedrec does not fit this machine.*8072 x 11830'):
         gpfedrec_adapter.GPFedRec(model_config=types.SimpleNamespace(num_items=11830),
                                   num_users=8072)
-
-
-@pytest.fixture(scope='module')
-def planted():
-    """Two tastes, even users on the first half of the items and odd users
-    on the second: popularity cannot tell them apart."""
-    rng = np.random.default_rng(0)
-    num_users, num_items, per_user = 60, 40, 10
-    rows = []
-    for u in range(num_users):
-        pool = np.arange(num_items // 2) + (num_items // 2) * (u % 2)
-        rows += [(u, int(i), t) for t, i in enumerate(rng.choice(pool, per_user, replace=False))]
-    return preprocess.build_split(pd.DataFrame(rows, columns=['user', 'item', 'timestamp']),
-                                  num_negatives=20)
 
 
 def _simulation(split, algorithm):

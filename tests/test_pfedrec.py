@@ -4,7 +4,6 @@ average, what the server sees, and learning on a small planted dataset."""
 import collections
 
 import numpy as np
-import pandas as pd
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -12,7 +11,6 @@ import tensorflow_federated as tff
 from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import run_settings
 from tff_fedrecgel.algorithms import pfedrec
-from tff_fedrecgel.data import preprocess
 from tff_types import uploads as _uploads, walk as _walk  # pylint: disable=g-bad-import-order
 
 NUM_ITEMS = 9
@@ -134,20 +132,6 @@ def test_the_privacy_check_can_fail():
         return tff.federated_sum(w)
 
     assert any(tuple(t.shape) != () for _, members in _uploads(leaky) for t in members)
-
-
-@pytest.fixture(scope='module')
-def planted():
-    """Two tastes: even users take items of the first half, odd users of the
-    second; popularity cannot tell them apart, a personal model can."""
-    rng = np.random.default_rng(0)
-    num_users, num_items, per_user = 60, 40, 10
-    rows = []
-    for u in range(num_users):
-        pool = np.arange(num_items // 2) + (num_items // 2) * (u % 2)
-        rows += [(u, int(i), t) for t, i in enumerate(rng.choice(pool, per_user, replace=False))]
-    return preprocess.build_split(pd.DataFrame(rows, columns=['user', 'item', 'timestamp']),
-                                  num_negatives=20)
 
 
 def _simulation(split, algorithm, **overrides):
