@@ -35,6 +35,7 @@ if __package__ in (None, ''):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tff_fedrecgel import algorithm_config  # pylint: disable=g-import-not-at-top
+from tff_fedrecgel.launch import _entry  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.launch import _oracle  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.data.client_data import FederatedTrainData  # pylint: disable=g-import-not-at-top
 
@@ -122,6 +123,7 @@ def main(argv):
                 value)})
         except ValueError as e:
             raise app.UsageError(f'--ours_only {item}: {e}') from None
+    _entry.tff_runtime()  # TFF's worker dies with this process.
     split = _oracle.load_split()
     users, rows = _oracle.most_active_users(split)
     case = _case(split, config, users, _ROUNDS.value, _oracle.SEED.value)

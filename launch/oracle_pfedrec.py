@@ -30,6 +30,7 @@ if __package__ in (None, ''):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tff_fedrecgel import algorithm_config  # pylint: disable=g-import-not-at-top
+from tff_fedrecgel.launch import _entry  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.launch import _oracle  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.data.client_data import FederatedTrainData  # pylint: disable=g-import-not-at-top
 
@@ -101,6 +102,7 @@ def _project_side(case, config, per_user):
 
 def main(argv):
     del argv
+    _entry.tff_runtime()  # TFF's worker dies with this process.
     split = _oracle.load_split()
     config = algorithm_config.PFedRecConfig(local_epochs=_EPOCHS.value,
                                             batch_size=_BATCH.value)
