@@ -18,6 +18,7 @@ from tff_fedrecgel.data import client_data
 from tff_fedrecgel.data import preprocess
 from tff_fedrecgel.data import synthetic
 from tff_fedrecgel.models import neumf
+from tff_types import nodes as _walk  # pylint: disable=g-bad-import-order
 
 CONFIG = neumf.ModelConfig(
     num_items=20, gmf_dim=4, mlp_dim=8, mlp_layers=(8, 4))
@@ -107,22 +108,6 @@ def _plain_gradients(model, global_weights, local_weights, data):
              for g, v in zip(tape.gradient(loss, variables), variables)]
     split = len(model.global_variables)
     return grads[:split], grads[split:]
-
-
-def _walk(type_spec, placement=None):
-    """Yields (placement, type) for every node of a TFF type."""
-    yield placement, type_spec
-    if isinstance(type_spec, tff.FederatedType):
-        yield from _walk(type_spec.member, type_spec.placement)
-    elif isinstance(type_spec, tff.StructType):
-        for element in type_spec:
-            yield from _walk(element, placement)
-    elif isinstance(type_spec, tff.FunctionType):
-        if type_spec.parameter is not None:
-            yield from _walk(type_spec.parameter, placement)
-        yield from _walk(type_spec.result, placement)
-    elif isinstance(type_spec, tff.SequenceType):
-        yield from _walk(type_spec.element, placement)
 
 
 def _tensors(type_spec, placement=None):

@@ -22,6 +22,7 @@ from tff_fedrecgel.data import preprocess
 from tff_fedrecgel.data import synthetic
 from tff_fedrecgel.errors import SettingError
 from tff_fedrecgel.models import neumf
+from tff_types import nodes as _walk  # pylint: disable=g-bad-import-order
 
 CONFIG = neumf.ModelConfig(num_items=12, gmf_dim=4, mlp_dim=4, mlp_layers=(8, 4))
 SPECS = neumf.global_weight_specs(CONFIG)
@@ -192,19 +193,6 @@ def test_lesam_round_one_is_plain_local_training(lesam):
     b2, _, _ = plain.next(b._replace(global_weights=a.global_weights), states, data)
     assert not all(np.allclose(x, y, atol=1e-7) for x, y in zip(a2.global_weights,
                                                                 b2.global_weights))
-
-
-def _walk(type_spec, placement=None):
-    yield placement, type_spec
-    if isinstance(type_spec, tff.FederatedType):
-        yield from _walk(type_spec.member, type_spec.placement)
-    elif isinstance(type_spec, tff.StructType):
-        for element in type_spec:
-            yield from _walk(element, placement)
-    elif isinstance(type_spec, tff.FunctionType):
-        if type_spec.parameter is not None:
-            yield from _walk(type_spec.parameter, placement)
-        yield from _walk(type_spec.result, placement)
 
 
 def _shapes(type_spec):

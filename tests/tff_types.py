@@ -33,3 +33,19 @@ def uploads(comp):
     tff.framework.transform_postorder(comp.to_building_block(), visit)
     return flows
 
+
+def nodes(type_spec, placement=None):
+    """(placement, type) of every node of a TFF type, the inner ones too
+    (federated, struct and sequence types as well as their members)."""
+    yield placement, type_spec
+    if isinstance(type_spec, tff.FederatedType):
+        yield from nodes(type_spec.member, type_spec.placement)
+    elif isinstance(type_spec, tff.StructType):
+        for element in type_spec:
+            yield from nodes(element, placement)
+    elif isinstance(type_spec, tff.FunctionType):
+        if type_spec.parameter is not None:
+            yield from nodes(type_spec.parameter, placement)
+        yield from nodes(type_spec.result, placement)
+    elif isinstance(type_spec, tff.SequenceType):
+        yield from nodes(type_spec.element, placement)
