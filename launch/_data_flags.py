@@ -22,6 +22,8 @@ NUM_USERS = flags.DEFINE_integer('num_users', None,
                                  'synthetic: number of users (default 500).')
 NUM_ITEMS = flags.DEFINE_integer('num_items', None,
                                  'synthetic: number of items (default 400).')
+MEAN_INTERACTIONS = flags.DEFINE_float(
+    'mean_interactions', None, 'synthetic: mean interactions per user (default 20).')
 DATA_SEED = flags.DEFINE_integer('data_seed', None,
                                  'synthetic: generator seed (default 0).')
 
@@ -45,7 +47,7 @@ CSV_MIN_RATING = flags.DEFINE_float(
     'csv: keep rows with rating >= this as positives (needs csv_rating_col).')
 
 _SYNTHETIC_FLAGS = {'num_users': NUM_USERS, 'num_items': NUM_ITEMS,
-                    'seed': DATA_SEED}
+                    'mean_interactions': MEAN_INTERACTIONS, 'seed': DATA_SEED}
 _CSV_FLAGS = {
     'sep': CSV_SEP, 'header': CSV_HEADER, 'user_col': CSV_USER_COL,
     'item_col': CSV_ITEM_COL, 'timestamp_col': CSV_TIMESTAMP_COL,

@@ -89,7 +89,7 @@ def _plan(datasets_dir: pathlib.Path | None) -> list[study.Run]:
         if datasets_dir is None:
             raise DataError('--datasets_dir is required: the transfer plan reads each '
                             'dataset\'s profile')
-        profiles = {d: transfer_study.profile_of(d, datasets_dir)
+        profiles = {d.key: transfer_study.profile_of(d, datasets_dir)
                     for d in transfer_study.DATASETS}
         return [run for run in transfer_study.transfer_plan(profiles)
                 if not _ONLY.value or _ONLY.value in run.name]
@@ -173,9 +173,9 @@ class _Children:
 
 def _run_one(run: study.Run, root: pathlib.Path, datasets_dir: pathlib.Path,
              children: _Children) -> tuple[study.Run, int | None, float]:
-    out_dir = root / run.dataset
+    folder, experiment = run.name.split('/', 1)  # Folder: the dataset's key.
+    out_dir = root / folder
     out_dir.mkdir(parents=True, exist_ok=True)
-    experiment = run.name.split('/', 1)[1]
     command = [sys.executable, str(pathlib.Path(__file__).with_name('train.py')),
                *run.flags(str(datasets_dir / run.dataset)),
                f'--root_output_dir={out_dir}', f'--experiment_name={experiment}',

@@ -14,13 +14,18 @@ logdir compares them all in the HParams dashboard); the study is kept in
 stopped or killed. Settings given as flags are fixed for every trial and
 left out of the search; `--space` narrows it further. The best trial's
 settings are written to <root_output_dir>/best_preset.json, which
-`launch/train.py --preset=PATH` and the API's `preset=PATH` accept. The last
+`launch/train.py --preset=PATH` and the API's `preset=PATH` accept. Then,
+unless `--noframe`, item popularity trains on the same split
+(<root_output_dir>/floor) and the central model is searched with the same
+trials and budget (<root_output_dir>/ceiling), and one table sets the tuned
+method between the two at their validation-selected rounds. The last
 printed line is the search's record as one JSON object.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -69,6 +74,10 @@ _TOTAL_ROUNDS = flags.DEFINE_integer(
 _ROUNDS_PER_FULL_EVAL = flags.DEFINE_integer(
     'rounds_per_full_eval', None, 'Full-ranking evaluation every this many rounds '
     '(default: every round).')
+_FRAME = flags.DEFINE_bool(
+    'frame', True, 'After the search: item popularity (<folder>/floor) and the central '
+    'model searched with the same trials and budget (<folder>/ceiling), and one table '
+    'of the three at their validation-selected rounds.')
 _ROOT_OUTPUT_DIR = flags.DEFINE_string(
     'root_output_dir', None, 'The tuning folder (default: runs/tune_<task>_<algorithm>).')
 
@@ -104,16 +113,19 @@ def main(argv: list[str]) -> int:
     method = methods.get_method(algo.ALGORITHM.value)
     if not method.tunable:
         tunable = ', '.join(m.name for m in methods.METHODS.values() if m.tunable)
-        raise DataError(f'--algorithm={method.name}: the search covers the FedRecGEL '
-                        f'family ({tunable})')
+        raise DataError(f'--algorithm={method.name}: the search covers {tunable}')
     fixed = _fixed_settings(task)
     from tff_fedrecgel import tuning  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import tuning_frame  # pylint: disable=g-import-not-at-top
 
     # Every fixed value is checked now, before anything is written.
     config = tuning.TuneConfig.create(
         task.name, algorithm=method.name, space=_SPACE.value, fixed=fixed,
         objective=_OBJECTIVE.value, trials=_TRIALS.value, max_minutes=_MAX_MINUTES.value,
         seed=algo.SEED.value)
+    framed = _FRAME.value and method.name != tuning_frame.CEILING
+    if framed:
+        tuning_frame.ceiling_config(config)  # Checked now too.
     space = config.space
     root = _ROOT_OUTPUT_DIR.value or os.path.join('runs', f'tune_{task.name}_{method.name}')
     split = task.load_split(data_dir=fixed['data_dir'], validation=True,
@@ -130,8 +142,8 @@ def main(argv: list[str]) -> int:
               f'{config.trials} trials, dimensions: '
               f'{", ".join(d.name for d in space) or "none"}; folder {root_dir}', flush=True)
 
-        def trial_line(record):
-            print(f'trial {record["trial"]}: {record["state"]}, {config.objective} '
+        def trial_line(record, prefix=''):
+            print(f'{prefix}trial {record["trial"]}: {record["state"]}, {config.objective} '
                   f'{record["value"]:.4f} in {record["wall_seconds"]:.0f} s, '
                   f'{json.dumps(record["settings"])}', flush=True)
 
@@ -139,9 +151,20 @@ def main(argv: list[str]) -> int:
             record = tuning.run_search(config, root=root_dir, split=split,
                                        make_experiment=api.experiment,
                                        on_trial_end=trial_line)
-    if 'best_trial' in record:
-        print(f'best: trial {record["best_trial"]}, {config.objective} '
-              f'{record["best_value"]:.4f}; preset: {record["preset_file"]}', flush=True)
+            if 'best_trial' in record:
+                print(f'best: trial {record["best_trial"]}, {config.objective} '
+                      f'{record["best_value"]:.4f}; preset: {record["preset_file"]}', flush=True)
+            if 'trials_per_hour' in record:
+                print(f'{record["trials_per_hour"]:g} trials per hour, '
+                      f'{record.get("mean_overhead_seconds", 0):g} s a trial beyond its rounds',
+                      flush=True)
+            if framed:
+                print('frame: popularity, then the central model searched with the same '
+                      'budget', flush=True)
+                record['frame'] = tuning_frame.run_frame(
+                    config, root=root_dir, split=split, make_experiment=api.experiment,
+                    on_trial_end=functools.partial(trial_line, prefix='ceiling '))
+                print('\n'.join(tuning_frame.table_lines(record, record['frame'])), flush=True)
     print(json.dumps(record), flush=True)
     return 0
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tff_fedrecgel import methods
+from tff_fedrecgel import recipes
 from tff_fedrecgel import run_settings
 from tff_fedrecgel.data import preprocess
 from tff_fedrecgel.data import synthetic
@@ -98,14 +99,20 @@ def test_what_each_method_refuses(name, refused):
 
 
 def test_a_preset_sets_only_what_the_method_takes():
-    # auto sets the server rate, which the central model does not use.
-    central = run_settings.settings('synthetic', algorithm='central', preset='auto')
+    # auto sets the server rate, which the central model does not use, and
+    # on short histories the update mode, which FedRecon does not take.
+    short = recipes.DataProfile(users=100, items=1000, interactions=1000)
+    central = run_settings.settings('synthetic', algorithm='central', preset='auto',
+                                    data_profile=short)
     assert central.server_lr == run_settings.default('server_lr')
-    fed = run_settings.settings('synthetic', algorithm='fedrecgel', preset='auto')
-    assert fed.server_lr != run_settings.default('server_lr')
-    recon = run_settings.settings('synthetic', algorithm='fedrecon', preset='auto')
+    fed = run_settings.settings('synthetic', algorithm='fedrecgel', preset='auto',
+                                data_profile=short)
+    assert fed.server_lr != run_settings.default('server_lr') and fed.update == 'model_delta'
+    recon = run_settings.settings('synthetic', algorithm='fedrecon', preset='auto',
+                                  data_profile=short)
     assert recon.server_lr == fed.server_lr  # FedRecon takes it.
-    assert (recon.local_state, recon.loss_reduction) == ('reconstruct', 'mean')
+    assert (recon.local_state, recon.loss_reduction, recon.update) == (
+        'reconstruct', 'mean', 'gradient')
 
 
 def test_fedsam_is_the_round_with_local_sam_epochs_uploading_the_change():

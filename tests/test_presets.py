@@ -25,26 +25,52 @@ def test_auto_negatives_follow_the_history_length(users, interactions, negatives
 
 
 def test_auto_is_the_default_for_own_data_and_paper_for_the_papers_datasets():
-    profile = _profile(100, 1000)
-    own = run_settings.settings('csv', data_dir='x.csv', data_profile=profile)
+    short, long = _profile(100, 1000), _profile(100, 6000)  # 10 and 60 per user.
+    own = run_settings.settings('csv', data_dir='x.csv', data_profile=short)
     assert own.preset == 'auto'
-    assert (own.server_lr, own.client_fraction, own.num_negatives) == (0.01, 0.2, 30)
-    paper = run_settings.settings('filmtrust', data_profile=profile)
+    # Short histories: five local epochs uploading the change, 250 / 10 negatives.
+    assert (own.update, own.local_epochs, own.server_lr, own.client_fraction,
+            own.num_negatives) == ('model_delta', 5, 0.003, 0.1, 25)
+    # Long histories: one gradient a round, a faster server, twice the cohort.
+    own = run_settings.settings('csv', data_dir='x.csv', data_profile=long)
+    assert (own.update, own.local_epochs, own.server_lr, own.client_fraction,
+            own.num_negatives) == ('gradient', 1, 0.01, 0.2, 5)
+    paper = run_settings.settings('filmtrust', data_profile=short)
     assert paper.preset == 'paper'
     assert (paper.server_lr, paper.client_fraction, paper.num_negatives) == (0.001, 0.1, 4)
-    # Explicit values win; without a profile only the data-independent part.
+    # Explicit values win; without a profile auto sets nothing (all of it
+    # follows the data).
     explicit = run_settings.settings('synthetic', num_negatives=9, server_lr=0.002)
-    assert (explicit.server_lr, explicit.client_fraction, explicit.num_negatives) == (
-        0.002, 0.2, 9)
-    assert run_settings.settings('lastfm_2k', preset='auto').client_fraction == 0.2
+    assert (explicit.server_lr, explicit.client_fraction, explicit.num_negatives,
+            explicit.update) == (0.002, 0.1, 9, 'gradient')
+    lastfm = recipes.DataProfile(users=1600, items=12454, interactions=185650)
+    assert run_settings.settings('lastfm_2k', preset='auto',
+                                 data_profile=lastfm).client_fraction == 0.2
+
+
+def test_the_branch_follows_the_history_length_at_its_threshold():
+    below = _profile(100, int(100 * recipes.AUTO_LONG_HISTORY) - 1)
+    at = _profile(100, int(100 * recipes.AUTO_LONG_HISTORY))
+    assert recipes.auto_recipe(below)['update'] == 'model_delta'
+    assert 'update' not in recipes.auto_recipe(at)
+    assert recipes.auto_recipe(at)['server_lr'] == 0.01
+    assert recipes.auto_recipe(None) == {}
 
 
 def test_the_banner_names_every_setting_the_preset_changed():
-    profile = _profile(100, 1000)
+    profile = _profile(100, 6000)  # 60 per user: the gradient branch.
     auto = run_settings.settings('synthetic', data_profile=profile, client_fraction=0.5)
     line = run_settings.preset_banner(auto, profile)
-    assert 'server_lr 0.001 -> 0.01' in line and 'num_negatives 4 -> 30' in line
+    assert 'server_lr 0.001 -> 0.01' in line and 'num_negatives 4 -> 5' in line
     assert 'client_fraction' not in line  # Given explicitly: not the preset's.
+    assert '60.0 interactions per user >= 50; negatives 300 / 60.0' in line
+    short = _profile(100, 1000)
+    line = run_settings.preset_banner(run_settings.settings('synthetic', data_profile=short),
+                                      short)
+    for part in ('update gradient -> model_delta', 'local_epochs 1 -> 5',
+                 'server_lr 0.001 -> 0.003', 'num_negatives 4 -> 25',
+                 '10.0 interactions per user < 50'):
+        assert part in line
     amazon = run_settings.settings('amazon_video', preset='tuned')
     line = run_settings.preset_banner(amazon, None)
     for part in ('update gradient -> model_delta', 'local_epochs 1 -> 5',

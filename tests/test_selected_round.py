@@ -37,7 +37,8 @@ def test_the_summary_leads_with_the_validation_selected_round(stopped_run):
     assert headline['test_full/hr@10'] == summary['selections']['valid_full']['test_full/hr@10']
     assert f'result: round {headline["round"]}, chosen on the validation item' in output
     # The banner of own data names the transfer preset.
-    assert 'preset auto: server_lr 0.001 -> 0.01' in output
+    assert 'preset auto: update gradient -> model_delta' in output
+    assert 'interactions per user < 50' in output
 
 
 def test_early_stopping_stops_after_the_patience(stopped_run):

@@ -37,7 +37,7 @@ def test_search_resumes_after_sigkill_and_its_preset_reproduces(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
     log = tmp_path / 'first.txt'
     with open(log, 'w') as out:
-        proc = subprocess.Popen([sys.executable, TUNE, *SEARCH, '--trials=5',
+        proc = subprocess.Popen([sys.executable, TUNE, *SEARCH, '--trials=5', '--noframe',
                                  f'--root_output_dir={root}'], stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
@@ -57,6 +57,13 @@ def test_search_resumes_after_sigkill_and_its_preset_reproduces(tmp_path):
     record = json.loads(result.stdout.strip().splitlines()[-1])
     assert record['finished_trials'] == 3
     assert all(t['trial'] > 0 for t in record['trials_this_call'])
+    assert record['trials_per_hour'] > 0 and 'trials per hour' in result.stdout
+    # The frame: popularity and the central model searched with the same budget.
+    assert record['frame']['ceiling']['finished_trials'] == 3
+    table = [line for line in result.stdout.splitlines() if line.startswith('| ')]
+    assert [line.split(' | ')[0] for line in table[1:]] == [
+        '| popularity', f'| central NeuMF (tuned, trial {record["frame"]["ceiling"]["best_trial"]})',
+        f'| fedrecgel (tuned, trial {record["best_trial"]})']
     preset = json.loads((root / tuning.BEST_PRESET).read_text())
     assert set(preset['settings']) == {'total_rounds', 'server_lr', 'num_negatives',
                                        'top_ks', 'eval_negatives'}
@@ -80,7 +87,7 @@ def test_search_resumes_after_sigkill_and_its_preset_reproduces(tmp_path):
 
 @pytest.mark.parametrize('args, message', [
     (['--validation'], 'a search sets --validation itself'),
-    (['--algorithm=itempop'], 'the search covers the FedRecGEL family'),
+    (['--algorithm=itempop'], 'the search covers fedrecgel, fedncf'),
     (['--space=warp_speed'], 'unknown search dimension'),
     (['--objective=test/hr@10'], 'objective must be a validation metric'),
     (['--server_lr=-1'], 'server_lr must be > 0'),
@@ -113,6 +120,16 @@ def test_api_tune_runs_the_same_search(tmp_path):
     record = api.tune('synthetic', root=tmp_path / 'search', trials=1, space=['server_lr'],
                       data_options={'num_users': 80, 'num_items': 400}, total_rounds=1)
     assert record['finished_trials'] == 1 and record['best_trial'] == 0
+    # The ceiling searches what the central model takes, with the same budget;
+    # the table reads the three runs' validation-selected test metrics.
+    ceiling = record['frame']['ceiling']
+    assert ceiling['finished_trials'] == 1 and ceiling['algorithm'] == 'central'
+    assert set(ceiling['best_settings']) == {'total_rounds', 'num_negatives', 'local_lr'}
+    floor = json.loads((tmp_path / 'search' / 'floor' / 'summary.json').read_text())
+    popularity = record['table'][2].split(' | ')
+    assert popularity[0] == '| popularity'
+    assert popularity[1] == f'{floor["selections"]["valid"]["test/hr@10"]:.4f}'
+    assert popularity[4] == f'{floor["selections"]["valid_full"]["test_full/hr@10"]:.4f}'
     preset = json.loads((tmp_path / 'search' / tuning.BEST_PRESET).read_text())
     assert set(preset['settings']) == {'total_rounds', 'server_lr'}
     assert api.settings('synthetic', preset=record['preset_file']).server_lr == (

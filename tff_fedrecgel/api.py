@@ -443,7 +443,7 @@ def load_run(run_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None =
 def tune(task: str, *, root: str | os.PathLike, trials: int = 20,
          max_minutes: float | None = None, objective: str | None = None,
          space: list[str] | None = None, algorithm: str = methods.FEDRECGEL,
-         seed: int = 0, **fixed: Any) -> dict[str, Any]:
+         seed: int = 0, frame: bool = True, **fixed: Any) -> dict[str, Any]:
     """Searches a method's settings on the validation item (`tuning`), as
     `launch/tune.py` does; resumes the search kept in `root`.
 
@@ -455,20 +455,33 @@ def tune(task: str, *, root: str | os.PathLike, trials: int = 20,
       objective: The validation metric maximized (default
         `valid_full/ndcg@10`).
       space: Dimensions of `tuning.SEARCH_SPACE` to search (default: all).
-      algorithm: The method tuned (the FedRecGEL family).
+      algorithm: The method tuned (a method whose spec is `tunable`).
       seed: Seed of the sampler and of every trial.
+      frame: Then train item popularity and search the central model with
+        the same trials and budget (`tuning_frame`), unless tuning it.
       **fixed: Settings shared by every trial (`data_dir`, `data_options`,
         `total_rounds`, ...), left out of the search.
 
     Returns:
-      The search's record; its `preset_file` is a preset `settings` accepts.
+      The search's record; its `preset_file` is a preset `settings` accepts;
+      with `frame`, its `frame` holds the floor's folder and the ceiling's
+      search, and `table` the comparison (`tuning_frame.table_lines`).
     """
     from tff_fedrecgel import tuning  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import tuning_frame  # pylint: disable=g-import-not-at-top
 
     config = tuning.TuneConfig.create(task, algorithm=algorithm, space=space, fixed=fixed,
                                       objective=objective, trials=trials,
                                       max_minutes=max_minutes, seed=seed)
+    frame = frame and algorithm != tuning_frame.CEILING
+    if frame:
+        tuning_frame.ceiling_config(config)  # Checked before anything runs.
     split = prepare_data(task, data_dir=fixed.get('data_dir'), validation=True,
                          **fixed.get('data_options', {}))
     with Session():
-        return tuning.run_search(config, root=root, split=split, make_experiment=experiment)
+        record = tuning.run_search(config, root=root, split=split, make_experiment=experiment)
+        if frame:
+            record['frame'] = tuning_frame.run_frame(config, root=root, split=split,
+                                                     make_experiment=experiment)
+            record['table'] = tuning_frame.table_lines(record, record['frame'])
+        return record

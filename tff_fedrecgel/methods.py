@@ -190,7 +190,7 @@ METHODS = {m.name: m for m in (
            rho_sh=0.0, rho_ns=0.0, algorithm=CENTRAL,
            builder='tff_fedrecgel.simulation.baseline_adapters:build_central',
            takes=frozenset({'local_lr', 'num_negatives', 'reconstruction_steps'}),
-           private=False, exports=False, tunable=False),
+           private=False, exports=False),
 )}
 METHOD_NAMES = tuple(METHODS)
 

@@ -3,9 +3,10 @@
 * ``paper``: nothing changed, the paper's protocol (docs/ALGORITHM.md).
 * ``tuned``: the task's own settings, chosen on its validation item
   (`tasks.Task.tuned`); they do not transfer to other data.
-* ``auto``: one recipe chosen for transfer by leave-one-dataset-out
-  (docs/RESULTS.md, "Transfer"), with one setting derived from the data by
-  the rule of `auto_recipe`.
+* ``auto``: a rule chosen for transfer by leave-one-dataset-out
+  (docs/RESULTS.md, "Transfer"): by the data's history length, one of two
+  recipes, with its training negatives derived from the data
+  (`auto_recipe`).
 * a path to a ``.json`` file: the settings a tuner (or a person) wrote.
 
 Imports no TensorFlow.
@@ -25,12 +26,19 @@ from tff_fedrecgel.errors import DataError
 PAPER, TUNED, AUTO = 'paper', 'tuned', 'auto'
 PRESETS = (PAPER, TUNED, AUTO)
 
-# The auto recipe (docs/RESULTS.md, "Transfer"): a server Adam ten times the
-# paper's rate and twice its cohort carry over between datasets; the number
-# of training negatives follows the data, so that each user draws about
-# `AUTO_NEGATIVES_PER_USER` negatives per round whatever its history length.
-AUTO_FIXED = {'server_lr': 0.01, 'client_fraction': 0.2}
-AUTO_NEGATIVES_PER_USER = 300
+# The auto recipe's two branches (docs/RESULTS.md, "Transfer"): users with
+# short histories take five local epochs uploading the change; users with
+# long ones one SAM gradient a round, with a server Adam ten times the
+# paper's rate and twice its cohort. Each draws training negatives by the
+# data, so that a user draws about `*_NEGATIVES` negatives per round whatever
+# its history length (`auto_negatives`).
+AUTO_GRADIENT = {'server_lr': 0.01, 'client_fraction': 0.2}
+AUTO_GRADIENT_NEGATIVES = 300
+AUTO_EPOCHS = {'update': 'model_delta', 'local_epochs': 5, 'server_lr': 0.003}
+AUTO_EPOCHS_NEGATIVES = 250
+# Interactions per user from which the gradient branch is taken: between
+# the transfer study's two generated logs (20 and 100 per user).
+AUTO_LONG_HISTORY = 50
 AUTO_NEGATIVES_RANGE = (4, 32)
 
 
@@ -60,7 +68,7 @@ class DataProfile:
         return self.interactions / max(1, self.users)
 
 
-def auto_negatives(profile: DataProfile, per_user: float = AUTO_NEGATIVES_PER_USER) -> int:
+def auto_negatives(profile: DataProfile, per_user: float = AUTO_GRADIENT_NEGATIVES) -> int:
     """Training negatives per positive under ``auto``:
     ``round(per_user / interactions per user)``, clipped to
     `AUTO_NEGATIVES_RANGE`."""
@@ -69,20 +77,40 @@ def auto_negatives(profile: DataProfile, per_user: float = AUTO_NEGATIVES_PER_US
     return int(min(high, max(low, wanted)))
 
 
+def auto_branch(profile: DataProfile) -> tuple[dict[str, Any], float]:
+    """The ``auto`` branch for data of this profile: its settings and its
+    negatives per user (short histories: `AUTO_EPOCHS`; from
+    `AUTO_LONG_HISTORY` interactions per user: `AUTO_GRADIENT`)."""
+    if profile.interactions_per_user < AUTO_LONG_HISTORY:
+        return dict(AUTO_EPOCHS), AUTO_EPOCHS_NEGATIVES
+    return dict(AUTO_GRADIENT), AUTO_GRADIENT_NEGATIVES
+
+
 def auto_recipe(profile: DataProfile | None) -> dict[str, Any]:
     """The ``auto`` preset's settings for data of this profile.
 
     Args:
-      profile: The data's profile; None gives the data-independent part
-        only (for checking flags before the data is read).
+      profile: The data's profile; None gives nothing (every setting of the
+        recipe follows the data; used to check flags before it is read).
 
     Returns:
       Settings by their command-line names.
     """
-    recipe = dict(AUTO_FIXED)
-    if profile is not None:
-        recipe['num_negatives'] = auto_negatives(profile)
+    if profile is None:
+        return {}
+    recipe, per_user = auto_branch(profile)
+    recipe['num_negatives'] = auto_negatives(profile, per_user)
     return recipe
+
+
+def describe_auto(profile: DataProfile) -> str:
+    """How ``auto`` read the data, for the start-up banner."""
+    history = profile.interactions_per_user
+    _, per_user = auto_branch(profile)
+    low, high = AUTO_NEGATIVES_RANGE
+    side = '<' if history < AUTO_LONG_HISTORY else '>='
+    return (f'{history:.1f} interactions per user {side} {AUTO_LONG_HISTORY:g}; negatives '
+            f'{per_user:g} / {history:.1f}, within {low}-{high}')
 
 
 def is_preset_file(name: str) -> bool:

@@ -471,8 +471,6 @@ def preset_banner(run: Settings, data_profile: recipes.DataProfile | None) -> st
             changed.append(f'{name} {before:g} -> {value:g}' if isinstance(value, (int, float))
                            and not isinstance(value, bool) else f'{name} {before} -> {value}')
     line = f'preset {run.preset}: ' + (', '.join(changed) or 'changes nothing here')
-    if run.preset == recipes.AUTO and data_profile is not None and 'num_negatives' in line:
-        line += (f' ({recipes.AUTO_NEGATIVES_PER_USER} / '
-                 f'{data_profile.interactions_per_user:.1f} interactions per user, '
-                 f'within {recipes.AUTO_NEGATIVES_RANGE[0]}-{recipes.AUTO_NEGATIVES_RANGE[1]})')
+    if run.preset == recipes.AUTO and data_profile is not None:
+        line += f' ({recipes.describe_auto(data_profile)})'
     return line

@@ -56,6 +56,7 @@ class Dimension:
       log: Search the range on a log scale.
       needs_sam: Only for methods with a free SAM radius.
       needs_model_delta: Only when `update` is 'model_delta'.
+      federated: Only for federated methods (not the central model).
     """
 
     name: str
@@ -66,6 +67,7 @@ class Dimension:
     log: bool = False
     needs_sam: bool = False
     needs_model_delta: bool = False
+    federated: bool = False
 
     def suggest(self, trial: optuna.Trial) -> Any:
         if self.choices is not None:
@@ -80,7 +82,7 @@ class Dimension:
 SEARCH_SPACE = (
     Dimension('server_optimizer', choices=methods.SERVER_OPTIMIZERS[:4]),
     Dimension('server_lr', 1e-4, 0.1, log=True),
-    Dimension('client_fraction', 0.05, 0.5, log=True),
+    Dimension('client_fraction', 0.05, 0.5, log=True, federated=True),
     Dimension('update', choices=UPDATE_MODES),
     Dimension('local_epochs', 1, 10, integer=True, needs_model_delta=True),
     Dimension('client_lr', 1e-3, 0.3, log=True, needs_model_delta=True),
@@ -117,6 +119,8 @@ def suggest_settings(trial: optuna.Trial, space: Sequence[Dimension],
         if method.refused([dim.name]):
             continue  # The method does not take it, or fixes it.
         if dim.needs_sam and not has_sam:
+            continue
+        if dim.federated and method.algorithm == methods.CENTRAL:
             continue
         if dim.needs_sam and getattr(method, dim.name) is not None:
             continue  # This method fixes this radius.
@@ -296,6 +300,12 @@ def _write_best(study: optuna.Study, config: TuneConfig, root: pathlib.Path,
         'finished_trials': _finished(study), 'completed_trials': len(completed),
         'trials_this_call': timings,
     }
+    walls = [t['wall_seconds'] for t in timings if t['state'] != 'failed']
+    overheads = [t['overhead_seconds'] for t in timings if t['overhead_seconds'] is not None]
+    if walls:
+        record['trials_per_hour'] = round(3600 * len(walls) / sum(walls), 1)
+    if overheads:  # A trial's wall time beyond its rounds: start-up, tracing, evaluation.
+        record['mean_overhead_seconds'] = round(sum(overheads) / len(overheads), 1)
     if not completed:
         return record
     best = max(completed, key=lambda t: t.value)

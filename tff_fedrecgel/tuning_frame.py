@@ -1,0 +1,129 @@
+"""The frame of a search: the floor and a ceiling tuned with the same budget.
+
+A tuned method's figure means little alone. `run_frame` trains item
+popularity on the search's split (the floor, `<root>/floor`) and searches the
+central NeuMF with the same tuner, trials and time budget (the fair ceiling,
+`<root>/ceiling`, a search of its own that resumes as the main one does).
+`table_lines` then sets the three side by side: test metrics at the round each
+run chose on the validation item, under each protocol the search evaluated,
+and the share of the floor-to-ceiling gap the tuned method closes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+from tff_fedrecgel import methods
+from tff_fedrecgel import recipes
+from tff_fedrecgel import tuning
+from tff_fedrecgel.data.preprocess import Split
+
+FLOOR_DIR, CEILING_DIR = 'floor', 'ceiling'
+FLOOR, CEILING = methods.ITEMPOP, methods.CENTRAL
+# The central model's epochs (a round is an epoch): full-ranking metrics keep
+# rising for about this long on the paper's datasets (docs/RESULTS.md). A
+# search with fewer rounds per trial gives its ceiling as few.
+CEILING_EPOCHS = 30
+# (summary selection, its test group, protocol label), sampled first.
+_SELECTIONS = (('valid', 'test', 'sampled'), ('valid_full', 'test_full', 'full'))
+
+
+def _shared(base: Mapping[str, Any], algorithm: str) -> dict[str, Any]:
+    """The search's fixed settings that `algorithm` takes too (data, sizes,
+    schedule), without the training settings it does not."""
+    method = methods.get_method(algorithm)
+    return {k: v for k, v in base.items() if not method.refused([k])}
+
+
+def ceiling_config(config: tuning.TuneConfig) -> tuning.TuneConfig:
+    """The central model's search: the same objective, trials, budget and
+    seed, over the default space's dimensions it takes."""
+    fixed = _shared(config.base, CEILING)
+    fixed['total_rounds'] = min(fixed.get('total_rounds', CEILING_EPOCHS), CEILING_EPOCHS)
+    return tuning.TuneConfig.create(
+        config.task, algorithm=CEILING, fixed=fixed, objective=config.objective,
+        trials=config.trials,
+        max_minutes=config.max_minutes, seed=config.seed)
+
+
+def run_frame(config: tuning.TuneConfig, *, root: str | pathlib.Path, split: Split,
+              make_experiment: Callable[..., Any],
+              on_trial_end: Callable[[dict[str, Any]], None] | None = None
+              ) -> dict[str, Any]:
+    """Trains the floor and searches the ceiling (both resume).
+
+    Args:
+      config: The main search.
+      root: The main search's folder.
+      split: Its split.
+      make_experiment: As `tuning.run_search`.
+      on_trial_end: Called with each ceiling trial's record.
+
+    Returns:
+      `{'floor': run folder, 'ceiling': the ceiling search's record}`.
+    """
+    root = pathlib.Path(root)
+    floor_dir = root / FLOOR_DIR
+    make_experiment(config.task, run_dir=floor_dir, split=split, algorithm=FLOOR,
+                    preset=recipes.PAPER, validation=True, eval_protocol=config.eval_protocol,
+                    seed=config.seed, **_shared(config.base, FLOOR)).train()
+    ceiling = tuning.run_search(ceiling_config(config), root=root / CEILING_DIR, split=split,
+                                make_experiment=make_experiment, on_trial_end=on_trial_end)
+    return {'floor': str(floor_dir), 'ceiling': ceiling}
+
+
+def _selections(run_dir: str | pathlib.Path) -> dict[str, Any]:
+    path = pathlib.Path(run_dir) / 'summary.json'
+    return json.loads(path.read_text()).get('selections', {}) if path.exists() else {}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Row:
+    label: str
+    selections: Mapping[str, Any]
+
+    def value(self, selection: str, metric: str) -> float | None:
+        record = self.selections.get(selection)
+        return None if record is None else record.get(metric)
+
+
+def table_lines(search: Mapping[str, Any], frame: Mapping[str, Any]) -> list[str]:
+    """The tuned method beside the floor and the tuned ceiling (Markdown).
+
+    Args:
+      search: The main search's record (`tuning.run_search`).
+      frame: `run_frame`'s record.
+
+    Returns:
+      The table's lines: test HR@10 and NDCG@10 at the round chosen on the
+      validation item, per protocol, and the gap closed on HR@10.
+    """
+    ceiling = frame['ceiling']
+    rows = [_Row('popularity', _selections(frame['floor']))]
+    if 'best_run_dir' in ceiling:
+        rows.append(_Row(f'central NeuMF (tuned, trial {ceiling["best_trial"]})',
+                         _selections(ceiling['best_run_dir'])))
+    if 'best_run_dir' in search:
+        rows.append(_Row(f'{search["algorithm"]} (tuned, trial {search["best_trial"]})',
+                         _selections(search['best_run_dir'])))
+    used = [s for s in _SELECTIONS if any(r.selections.get(s[0]) for r in rows)]
+    header = ['run'] + [f'{name} {protocol}' for _, _, protocol in used
+                        for name in ('test HR@10', 'test NDCG@10', 'gap closed')]
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+    floor, top = rows[0], (rows[1] if len(rows) > 2 else None)
+    for row in rows:
+        cells = [row.label]
+        for selection, group, _ in used:
+            hr, ndcg = (row.value(selection, f'{group}/{m}@10') for m in ('hr', 'ndcg'))
+            cells += ['—' if hr is None else f'{hr:.4f}', '—' if ndcg is None else f'{ndcg:.4f}']
+            low = floor.value(selection, f'{group}/hr@10')
+            high = top.value(selection, f'{group}/hr@10') if top else None
+            gap = (None if None in (hr, low, high) or high <= low or row in (floor, top)
+                   else (hr - low) / (high - low))
+            cells.append('—' if gap is None else f'{gap:.2f}')
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    return lines
