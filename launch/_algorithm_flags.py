@@ -36,9 +36,10 @@ SEED = flags.DEFINE_integer(
 PRESET = flags.DEFINE_string(
     'preset', None,
     'paper: the paper\'s protocol (docs/ALGORITHM.md); tuned: the task\'s own '
-    'settings chosen on its validation item; auto: one recipe chosen for '
-    'transfer, with the training negatives derived from the data '
-    '(docs/RESULTS.md, "Transfer"); or a .json preset file (launch/tune.py '
+    'settings chosen on its validation item; auto: chosen for transfer by the '
+    'data\'s history length (five local epochs below 50 interactions per user, '
+    'one gradient a round with a faster server above), with the training '
+    'negatives derived from the data (docs/RESULTS.md, "Transfer"); or a .json preset file (launch/tune.py '
     'writes one). Default: paper for the paper\'s datasets, auto for csv and '
     'synthetic. Flags given explicitly win.')
 

@@ -370,7 +370,8 @@ def report_lines(runs: pd.DataFrame, recipe_rows: pd.DataFrame,
         floor, ceiling = base.get((key, 'itempop')), base.get((key, 'central'))
         for label, record in (('popularity', floor), ('central NeuMF', ceiling)):
             if record:
-                lines.append(f'| {TITLES[key]} | {history} | {label} ({record["n"]} seeds) | | '
+                seeds = f'{record["n"]} seed{"s" * (record["n"] > 1)}'
+                lines.append(f'| {TITLES[key]} | {history} | {label} ({seeds}) | | '
                              f'{record["test_hr"]:.4f} | {record["test_full_hr"]:.4f} | |')
         for candidate in CANDIDATES:
             row = runs_of(runs, candidate, key, profiles)
