@@ -28,3 +28,10 @@ WORKERS = flags.DEFINE_string(
     'host:port,... of TFF worker services (launch/start_workers.sh) to split '
     'each round across (default: this process\'s local TFF worker). Same '
     'results; default aggregator only (docs/WORKERS.md).')
+USER_STATE_STORE = flags.DEFINE_enum(
+    'user_state_store', run_settings.default('user_state_store'),
+    list(run_settings.USER_STATE_STORES),
+    'Where every user\'s state (embedding, local Adam) lives: memory, or disk '
+    '(memory-mapped in the run\'s user_states/, read and written a cohort at a '
+    'time; checkpoints name a version of it, kept exact by an undo journal). '
+    'FedRecGEL methods with persistent local state.')

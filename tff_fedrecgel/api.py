@@ -210,6 +210,7 @@ class Experiment:
         self.foreign_settings = tuple(foreign_settings)
         run_settings.check_split(self.split)
         self.simulation = run_settings.build_simulation(self.split)
+        self.simulation.use_state_folder(self.paths.user_states)
         self._has_state = False
 
     @property

@@ -31,6 +31,7 @@ from tff_fedrecgel.errors import SettingError
 SIMULATIONS = ('auto', 'vectorized', 'per_user')
 PRESETS = recipes.PRESETS
 EVAL_PROTOCOLS = ('sampled', 'full', 'both')
+USER_STATE_STORES = ('memory', 'disk')
 _WORK = algorithm_config.CLIENT_WORK
 _SERVER = algorithm_config.SERVER
 # Re-exported: the checks and bounds live in setting_checks.
@@ -132,6 +133,11 @@ class Settings:
         the checkpoint interval (0: no checkpoints).
       seed: Initial weights, client sampling and negatives.
       simulation: 'auto', 'vectorized' or 'per_user'.
+      user_state_store: Where every user's state (embedding, local Adam)
+        lives: 'memory', or 'disk' (memory-mapped in the run's
+        `user_states/`, read and written a cohort at a time; checkpoints
+        name a version of it, kept exact by an undo journal). FedRecGEL
+        methods with persistent local state.
       max_group_examples: Padded examples per TFF client (vectorized).
       sharpness_probe: Radius of the sharpness probe, or None.
       heldout_users: Fraction of users never trained on nor sampled.
@@ -174,6 +180,7 @@ class Settings:
     rounds_per_checkpoint: int = 10
     seed: int = 0
     simulation: str = 'auto'
+    user_state_store: str = 'memory'
     max_group_examples: int = batching.DEFAULT_MAX_GROUP_EXAMPLES
     sharpness_probe: float | None = None
     heldout_users: float = 0.0
@@ -197,6 +204,7 @@ class Settings:
                                self.preset)
         for name, allowed in (('simulation', SIMULATIONS),
                               ('eval_protocol', EVAL_PROTOCOLS),
+                              ('user_state_store', USER_STATE_STORES),
                               ('server_optimizer', tuple(methods.SERVER_OPTIMIZERS))):
             if getattr(self, name) not in allowed:
                 raise SettingError(name, f'must be one of {allowed}', getattr(self, name))
@@ -224,6 +232,12 @@ class Settings:
             raise SettingError('top_ks', f'must be <= {self.eval_negatives + 1} each (the '
                                'sampled protocol ranks the item among eval_negatives)',
                                ','.join(map(str, self.top_ks)))
+        if self.user_state_store != 'memory' and (
+                methods.get_method(self.algorithm).algorithm != methods.FEDRECGEL
+                or self.local_state != 'persistent'):
+            raise SettingError('user_state_store', f'{self.user_state_store!r} needs a method '
+                               'that keeps each user\'s state (the FedRecGEL family, '
+                               'local_state=persistent)', self.user_state_store)
         if self.early_stopping_patience and not self.validation:
             raise SettingError('early_stopping_patience', 'needs --validation (it watches '
                                'the validation item)', self.early_stopping_patience)
@@ -373,7 +387,8 @@ class Settings:
             max_group_examples=self.max_group_examples, model_aggregator=model_aggregator,
             workers=workers, sharpness_probe=self.sharpness_probe,
             heldout_fraction=self.heldout_users, eval_users=self.eval_users,
-            model_sizes=self.model_sizes(), top_ks=self.top_ks)
+            model_sizes=self.model_sizes(), top_ks=self.top_ks,
+            user_state_store=self.user_state_store)
 
 
 # Settings a preset file may not set: they name the run, not its recipe.

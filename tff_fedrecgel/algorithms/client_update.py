@@ -51,6 +51,29 @@ def client_data_spec(*, single_user: bool):
                                    lengths=tf.TensorSpec([None], tf.int32))
 
 
+def initial_embedding_chunks(model_config: neumf.ModelConfig, *, num_users: int, seed: int,
+                             chunk_rows: int | None = None):
+    """Every user's starting embeddings, N(0, 0.01^2), table by table in
+    chunks of rows (the same numbers whatever the chunk size).
+
+    Args:
+      model_config: The model sizes.
+      num_users: How many users.
+      seed: Seed of the embeddings.
+      chunk_rows: Rows per chunk (None: a table at once).
+
+    Yields:
+      `(table, first_row, rows)`: float32 `[rows, dim]` of local table `table`.
+    """
+    rng = np.random.default_rng([seed, 0x5EED])
+    step = chunk_rows or max(num_users, 1)
+    for table, dim in enumerate(model_config.local_dims):
+        for start in range(0, num_users, step):
+            rows = min(step, num_users - start)
+            yield table, start, rng.normal(0.0, neumf.EMBEDDING_STDDEV, (rows, 1, dim)
+                                           ).astype(np.float32)[:, 0, :]
+
+
 def initial_client_states(model_config: neumf.ModelConfig, *, num_users: int,
                           seed: int) -> ClientState:
     """Every user's starting state: N(0, 0.01^2) embeddings, zero Adam state.
@@ -63,9 +86,10 @@ def initial_client_states(model_config: neumf.ModelConfig, *, num_users: int,
     Returns:
       A `ClientState` of numpy arrays with a leading `[num_users]` axis.
     """
-    rng = np.random.default_rng([seed, 0x5EED])
-    local = [rng.normal(0.0, neumf.EMBEDDING_STDDEV, (num_users, 1, d)
-                        ).astype(np.float32)[:, 0, :] for d in model_config.local_dims]
+    local = [np.empty((num_users, d), np.float32) for d in model_config.local_dims]
+    for table, start, rows in initial_embedding_chunks(model_config, num_users=num_users,
+                                                       seed=seed):
+        local[table][start:start + len(rows)] = rows
     return ClientState(local_weights=local, adam_step=np.zeros([num_users], np.int32),
                        adam_m=[np.zeros_like(t) for t in local],
                        adam_v=[np.zeros_like(t) for t in local])

@@ -8,6 +8,8 @@
                       dashboard.json: what its hparams file is made from
   checkpoints/        TFF FileProgramStateManager program states
     selected/         the state of the round chosen on the validation item
+  user_states/        --user_state_store=disk: every user's state, memory-mapped,
+                      and its undo journal (checkpoints name a version of it)
   summary.json        the final summary (also the last printed line)
 
 One run at a time: `lock_experiment` takes an exclusive `fcntl.flock` on
@@ -67,6 +69,10 @@ class ExperimentPaths:
     @property
     def checkpoints(self) -> pathlib.Path:
         return self.root / 'checkpoints'
+
+    @property
+    def user_states(self) -> pathlib.Path:
+        return self.root / 'user_states'
 
     @property
     def selected(self) -> pathlib.Path:

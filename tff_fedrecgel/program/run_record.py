@@ -69,7 +69,10 @@ def read_record(checkpoint: pathlib.Path) -> dict[str, Any] | None:
 
 def differences(record: Mapping[str, Any], hparams: Mapping[str, Any],
                 data_fingerprint: str) -> list[str]:
-    """What differs between a checkpoint's record and the run, in words."""
+    """What differs between a checkpoint's record and the run, in words
+    (a setting added since the record was made counts at its default)."""
+    from tff_fedrecgel import run_settings  # pylint: disable=g-import-not-at-top
+
     out = []
     if record.get('data') not in (None, data_fingerprint):
         out.append('the data (the split differs from the one it was trained on)')
@@ -80,8 +83,9 @@ def differences(record: Mapping[str, Any], hparams: Mapping[str, Any],
                 continue
             # JSON turned tuples into lists and non-JSON values into text.
             now = json.loads(json.dumps(hparams.get(key), default=str))
-            if saved.get(key) != now:
-                out.append(f'{key} ({saved.get(key)!r} in the checkpoint, {now!r} now)')
+            before = saved[key] if key in saved else run_settings.recorded_default(key)
+            if before != now:
+                out.append(f'{key} ({before!r} in the checkpoint, {now!r} now)')
     return out
 
 

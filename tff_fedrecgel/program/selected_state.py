@@ -59,7 +59,7 @@ class SelectedState:
         """Saves the state when the served selection chose `round_num`."""
         if int(best[self.selection]['round']) != round_num:
             return False
-        state = collections.OrderedDict(simulation=simulation.get_state(),
+        state = collections.OrderedDict(simulation=simulation.get_state(whole=True),
                                         round=np.int64(round_num))
         self._loop.run_until_complete(self._manager.save(state, round_num))
         return True

@@ -329,7 +329,7 @@ def _restore(simulation, checkpoints, plan, paths, hparams, record):
             write_atomically(paths.hparams,
                              json.dumps(dict(hparams), indent=2, sort_keys=True) + '\n')
         _warn(f'{paths.hparams} was missing; rebuilt from the checkpoint of round {version}')
-    simulation.restore(restored['simulation'])
+    simulation.restore(restored['simulation'], resume=True)
     logging.info('resumed from the checkpoint of round %d', version)
     print(f'resuming from the checkpoint of round {version}', flush=True)
     return restored, version, MetricsLog.from_state(restored['metrics_rows'])
@@ -359,6 +359,7 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
          patience=None):
     _prune_temporary_files(paths)
     checkpoints = _Checkpoints(paths, loop)
+    simulation.use_state_folder(paths.user_states)
     simulation.initialize()
     record = run_record.make_record(hparams, split_io.split_fingerprint(simulation.split))
     program_state, last_checkpoint, rows = _restore(simulation, checkpoints, plan, paths,

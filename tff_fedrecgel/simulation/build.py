@@ -59,6 +59,7 @@ def build_simulation(
     eval_users: int | None = None,
     model_sizes: Mapping[str, Any] | None = None,
     top_ks: Sequence[int] = sizes.TOP_KS,
+    user_state_store: str = 'memory',
 ) -> Simulation:
     """A simulation of `method` on `split`.
 
@@ -86,6 +87,9 @@ def build_simulation(
         population, with standard errors (`Simulation`); None: everyone.
       model_sizes: The NeuMF sizes (`model_config_for`).
       top_ks: Cut-offs K of the evaluations.
+      user_state_store: 'memory' or 'disk' (FedRecGEL methods with
+        persistent local state; `Simulation.use_state_folder` names the
+        disk store's folder).
 
     Returns:
       An uninitialized `Simulation`.
@@ -101,6 +105,8 @@ def build_simulation(
     unused = spec.refused(given)
     if model_aggregator is not None and not spec.private:
         unused.append('model_aggregator')
+    if user_state_store != 'memory' and spec.algorithm != methods.FEDRECGEL:
+        unused.append('user_state_store')
     if unused:
         raise ValueError(f'{method} does not take {", ".join(unused)}')
     rho_sh, rho_ns = spec.radii(work.rho_sh, work.rho_ns)
@@ -113,7 +119,8 @@ def build_simulation(
         users_per_client=users_per_client,
         max_group_examples=max_group_examples, model_aggregator=model_aggregator,
         workers=workers, sharpness_probe=sharpness_probe,
-        training_users=np.setdiff1d(np.arange(split.num_users), held)))
+        training_users=np.setdiff1d(np.arange(split.num_users), held),
+        user_state_store=user_state_store))
     return Simulation(split=split, algorithm=algorithm, clients_per_round=clients_per_round,
                       seed=seed, num_negatives=num_negatives,
                       heldout_fraction=heldout_fraction, eval_users=eval_users,

@@ -33,6 +33,8 @@ class BuildContext:
       workers: TFF worker services to split rounds across, or None.
       sharpness_probe: Radius of the sharpness probe, or None.
       training_users: The users that train (the held-out ones do not).
+      user_state_store: Where per-user state lives, 'memory' or 'disk'
+        (the FedRecGEL family's `client_states.ClientStateTable`).
     """
 
     split: Any
@@ -49,3 +51,4 @@ class BuildContext:
     workers: str | Sequence[str] | None
     sharpness_probe: float | None
     training_users: Any
+    user_state_store: str = 'memory'

@@ -329,16 +329,43 @@ class Simulation:
         return {k: float(v) for k, v in eval_sample.summarize(
             {k: np.concatenate(v) for k, v in per_user.items()}, sample_of).items()}
 
-    def get_state(self) -> collections.OrderedDict:
-        """Everything needed to resume: the algorithm's state and the round."""
-        return collections.OrderedDict(round_num=np.int64(self.round_num),
-                                       seed=np.int64(self.seed),
-                                       algorithm=self.algorithm.get_state())
+    def use_state_folder(self, folder) -> None:
+        """Where an algorithm keeping per-user state on disk keeps it
+        (`--user_state_store=disk`: `<run_dir>/user_states`); call before
+        `initialize`."""
+        use = getattr(self.algorithm, 'use_state_folder', None)
+        if use is not None:
+            use(folder)
 
-    def restore(self, state: Mapping) -> None:
-        """Resumes from a `get_state()` structure."""
+    def get_state(self, *, whole: bool = False) -> collections.OrderedDict:
+        """Everything needed to resume: the algorithm's state and the round.
+
+        Args:
+          whole: Every user's state itself even where the algorithm keeps it
+            on disk (whose checkpoints name a version of it): for a state
+            kept apart from the checkpoints.
+        """
+        full_state = getattr(self.algorithm, 'full_state', None)
+        return collections.OrderedDict(
+            round_num=np.int64(self.round_num), seed=np.int64(self.seed),
+            algorithm=full_state() if whole and full_state else self.algorithm.get_state())
+
+    def restore(self, state: Mapping, *, resume: bool = False) -> None:
+        """Resumes from a `get_state()` structure.
+
+        Args:
+          state: The structure.
+          resume: Training goes on from it (a disk store of user states is
+            rolled back in place; else its version is read into memory).
+
+        Raises:
+          ValueError: If the state was made with another seed.
+        """
         if int(state['seed']) != self.seed:
             raise ValueError(f'checkpoint was made with seed {int(state["seed"])}, '
                              f'not {self.seed}')
-        self.algorithm.restore(state['algorithm'])
+        if resume and getattr(self.algorithm, 'use_state_folder', None) is not None:
+            self.algorithm.restore(state['algorithm'], resume=True)
+        else:
+            self.algorithm.restore(state['algorithm'])
         self.round_num, self._started, self._rebuilt = int(state['round_num']), True, {}

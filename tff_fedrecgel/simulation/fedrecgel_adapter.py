@@ -27,6 +27,7 @@ from tff_fedrecgel.data import batching
 from tff_fedrecgel.data.client_data import Batch
 from tff_fedrecgel.models import neumf
 from tff_fedrecgel.simulation import sharded_round
+from tff_fedrecgel.simulation import client_states as client_states_lib
 from tff_fedrecgel.simulation.client_states import ClientStateTable
 
 DEFAULT_MAX_GROUP_EXAMPLES = batching.DEFAULT_MAX_GROUP_EXAMPLES
@@ -48,6 +49,7 @@ class FedRecGEL:
         max_group_examples: int = DEFAULT_MAX_GROUP_EXAMPLES,
         workers: str | Sequence[str] | None = None,
         sharpness_probe: float | None = None,
+        user_state_store: str = client_states_lib.MEMORY,
     ):
         """Builds the TFF process.
 
@@ -69,6 +71,9 @@ class FedRecGEL:
             L(w + e) - L(w) of the global and of the local part at this radius
             (e as in SAM) on the round's cohort before its update, whatever
             the training radii; the probe's updates are discarded.
+          user_state_store: 'memory' keeps the users' states in memory (and
+            whole in checkpoints); 'disk' memory-maps them in the folder
+            `use_state_folder` names (checkpoints hold a version).
 
         Raises:
           ValueError: On inconsistent settings.
@@ -95,6 +100,10 @@ class FedRecGEL:
         self.seed = seed
         self.users_per_client = users_per_client
         self.max_group_examples = max_group_examples
+        if user_state_store not in (client_states_lib.MEMORY, client_states_lib.DISK):
+            raise ValueError(f'user_state_store must be memory or disk, got {user_state_store!r}')
+        self.user_state_store = user_state_store
+        self.state_folder = None
 
         def pieces(work):
             if work.global_perturbation != 'local':
@@ -121,12 +130,29 @@ class FedRecGEL:
         self.server_state = None
         self.client_states: ClientStateTable | None = None
 
+    def use_state_folder(self, folder) -> None:
+        """Where the disk store keeps the users' states (`<run_dir>/user_states`)."""
+        self.state_folder = folder
+
     def initialize(self) -> None:
         runner = self.workers or self.pieces.process
         self.server_state = runner.initialize()
-        if self.work.persistent:
+        self.client_states = None
+        if self.work.persistent and self.user_state_store == client_states_lib.MEMORY:
             self.client_states = ClientStateTable(client_update_lib.initial_client_states(
                 self.model_config, num_users=self.num_users, seed=self.seed))
+        # A disk store is written at its first use: a resume opens the
+        # existing one instead (`restore`).
+
+    def _table(self) -> ClientStateTable:
+        """The users' states (a new disk store at the first use after `initialize`)."""
+        if self.client_states is None:
+            if self.state_folder is None:
+                raise ValueError('the disk user-state store needs a folder (use_state_folder)')
+            self.client_states = ClientStateTable(store=client_states_lib.create_disk_store(
+                self.state_folder, self.model_config, num_users=self.num_users,
+                seed=self.seed))
+        return self.client_states
 
     def next(self, users: Sequence[int], batches: Sequence[Batch]) -> dict[str, Any]:
         groups = batching.group_by_length(
@@ -140,11 +166,17 @@ class FedRecGEL:
         if not self.work.persistent:
             self.server_state, metrics = run(self.server_state, data)
             return metrics
-        states = [self.client_states.gather(m) for m in members]
+        table = self._table()
+        states = [table.gather(m) for m in members]
         probe = self._probe_metrics(states, data)
         self.server_state, new_states, metrics = run(self.server_state, states, data)
-        for m, state in zip(members, new_states):
-            self.client_states.scatter(m, state)
+        # One scatter a round (the cohort's users are distinct): one journal
+        # record for the disk store.
+        new_states = [client_update_lib.as_client_state(s) for s in new_states]
+        counts = [len(m) for m in members]
+        table.scatter([u for m in members for u in m], client_update_lib.ClientState(
+            *[_concatenate([getattr(s, f) for s in new_states], counts)
+              for f in client_update_lib.ClientState._fields]))
         metrics.update(probe)
         return metrics
 
@@ -161,18 +193,57 @@ class FedRecGEL:
         return [np.asarray(w) for w in self.server_state.global_weights]
 
     def local_tables(self) -> list[np.ndarray] | None:
-        return self.client_states.local_tables() if self.work.persistent else None
+        return self._table().local_tables() if self.work.persistent else None
 
     def get_state(self) -> collections.OrderedDict:
         state = collections.OrderedDict(server_state=self.server_state.stored())
         if self.work.persistent:
-            state['client_states'] = self.client_states.state
+            if self.client_states is None:  # The structure only: no store yet.
+                state['client_states'] = collections.OrderedDict(
+                    store_id=np.int64(0), store_version=np.int64(0))
+            else:
+                state['client_states'] = self.client_states.checkpoint_state()
         return state
 
-    def restore(self, state) -> None:
+    def full_state(self) -> collections.OrderedDict:
+        """`get_state` with every user's state whole, whatever the store (a
+        state kept apart from the checkpoints, e.g. the validation-selected one)."""
+        state = collections.OrderedDict(server_state=self.server_state.stored())
+        if self.work.persistent:
+            state['client_states'] = self._table().state
+        return state
+
+    def restore(self, state, *, resume: bool = False) -> None:
+        """Resumes from a `get_state` structure.
+
+        Args:
+          state: The structure.
+          resume: Training goes on from it: a disk store rolls back in place
+            (else a disk version is read into memory, the files unchanged).
+
+        Raises:
+          StoreError: If a disk store cannot give the checkpoint's version.
+        """
         self.server_state = fedrecgel.ServerState(*state['server_state'])
         if self.work.persistent:
-            self.client_states = ClientStateTable(state['client_states'])
+            if self.client_states is not None and hasattr(self.client_states.store, 'close'):
+                self.client_states.store.close()
+            self.client_states = client_states_lib.restore_table(
+                state['client_states'], self.state_folder, resume=resume)
+
+
+def _concatenate(parts, counts):
+    """The clients' states of one field stacked over their users: arrays,
+    or lists of arrays element-wise (a one-user client's may lack the
+    users axis)."""
+    def rows(part, n):
+        part = np.asarray(part)
+        return part if part.ndim and part.shape[0] == n else part.reshape((n, *part.shape))
+
+    if isinstance(parts[0], (list, tuple)):
+        return [np.concatenate([rows(p[i], n) for p, n in zip(parts, counts)])
+                for i in range(len(parts[0]))]
+    return np.concatenate([rows(p, n) for p, n in zip(parts, counts)])
 
 
 def build(method, context) -> FedRecGEL:
@@ -191,4 +262,4 @@ def build(method, context) -> FedRecGEL:
         num_users=context.split.num_users, seed=context.seed, server_optimizer=optimizer,
         model_aggregator=context.model_aggregator, users_per_client=context.users_per_client,
         max_group_examples=context.max_group_examples, workers=context.workers,
-        sharpness_probe=context.sharpness_probe)
+        sharpness_probe=context.sharpness_probe, user_state_store=context.user_state_store)

@@ -1,0 +1,249 @@
+"""Where every user's state lives: in memory, or memory-mapped on disk.
+
+A store holds named arrays with a leading `[num_users]` axis; a round
+gathers its cohort's rows and scatters their new values back.
+
+* `MemoryStore`: numpy arrays; a checkpoint holds them whole.
+* `DiskStore`: one `.npy` file per array (`np.lib.format.open_memmap`), so a
+  round reads and writes only its cohort's rows. A checkpoint holds only a
+  version (`mark`); exactness comes from an undo journal
+  (`user_state_journal`): before each scatter the rows it overwrites are
+  appended, so after a crash `rollback(version)` undoes the records after
+  that version's mark, newest first.
+
+`--user_state_store` (`run_settings.Settings.user_state_store`) picks one.
+Imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping, Sequence
+import json
+import os
+import pathlib
+import secrets
+
+import numpy as np
+
+from tff_fedrecgel.simulation import user_state_journal
+
+# Marks kept in the journal: the training program keeps 3 checkpoints, and a
+# mark is written just before a save that may not complete.
+KEEP_MARKS = 4
+_META = 'meta.json'
+_JOURNAL = 'journal.bin'
+
+# (name, shape of one user's row, dtype), in the store's order.
+Layout = Sequence[tuple[str, tuple[int, ...], np.dtype]]
+
+
+class StoreError(RuntimeError):
+    """A disk store that cannot serve a request (a one-line message)."""
+
+
+class UserStateStore(abc.ABC):
+    """Named per-user arrays: gather a cohort's rows, scatter them back."""
+
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def num_users(self) -> int:
+        """Rows of every array."""
+        return int(next(iter(self.arrays.values())).shape[0])
+
+    def gather(self, users: Sequence[int]) -> dict[str, np.ndarray]:
+        """Copies of the rows of `users`, per array.
+
+        Args:
+          users: Row indices.
+
+        Returns:
+          `{name: array[users]}`.
+        """
+        index = np.asarray(users, np.int64)
+        return {name: a[index] for name, a in self.arrays.items()}
+
+    @abc.abstractmethod
+    def scatter(self, users: Sequence[int], rows: Mapping[str, np.ndarray]) -> None:
+        """Stores new rows of `users` (distinct), per array (`gather`'s layout)."""
+
+
+class MemoryStore(UserStateStore):
+    """Every array in memory (the checkpoint saves them whole)."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]):
+        """Args:
+          arrays: Named arrays with a common leading axis (kept, not copied:
+            a copy of a population's state is what the disk store avoids).
+        """
+        self.arrays = dict(arrays)
+
+    def scatter(self, users, rows) -> None:
+        index = np.asarray(users, np.int64)
+        for name, table in self.arrays.items():
+            table[index] = rows[name]
+
+
+class DiskStore(UserStateStore):
+    """Memory-mapped `.npy` arrays in `folder`, with an undo journal.
+
+    Attributes:
+      folder: The store's folder (`<run_dir>/user_states`).
+      store_id: A random id given at creation: a checkpoint's version is
+        only meaningful for the store that wrote it.
+      version: The version of the last mark.
+    """
+
+    def __init__(self, folder: str | os.PathLike):
+        """Opens an existing store.
+
+        Args:
+          folder: The folder `create` wrote.
+
+        Raises:
+          StoreError: If the folder holds no complete store.
+        """
+        self.folder = pathlib.Path(folder)
+        try:
+            meta = json.loads((self.folder / _META).read_text(encoding='utf-8'))
+            self.store_id = int(meta['store_id'])
+            self.layout = [(name, tuple(shape), np.dtype(dtype))
+                           for name, shape, dtype in meta['arrays']]
+            self.arrays = {name: np.lib.format.open_memmap(self.folder / f'{name}.npy', 'r+')
+                           for name, _, _ in self.layout}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise StoreError(f'{self.folder}: no readable user-state store ({e})') from None
+        self.journal = user_state_journal.Journal(self.folder / _JOURNAL)
+        marks = self.journal.marks()
+        if not marks:
+            raise StoreError(f'{self.folder}: the user-state journal has no version')
+        self.version = marks[-1].value
+        # Records after the last mark: rows changed since (a crash's work).
+        self.dirty = self.journal.records[-1].kind != user_state_journal.MARK
+
+    @classmethod
+    def exists(cls, folder: str | os.PathLike) -> bool:
+        """Whether `folder` holds a complete store (its meta file is written last)."""
+        return (pathlib.Path(folder) / _META).is_file()
+
+    @classmethod
+    def create(cls, folder: str | os.PathLike, layout: Layout, num_users: int,
+               fill: Callable[[str, np.ndarray], None] | None = None) -> 'DiskStore':
+        """Writes a new store (replacing any in `folder`) at version 0.
+
+        Args:
+          folder: Where (created if missing).
+          layout: `(name, row shape, dtype)` of each array.
+          num_users: Rows.
+          fill: Called with each array's name and memmap to write its
+            initial values (None, or arrays it skips: zeros).
+
+        Returns:
+          The opened store.
+        """
+        folder = pathlib.Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / _META).unlink(missing_ok=True)  # Incomplete until rewritten.
+        (folder / _JOURNAL).unlink(missing_ok=True)
+        for name, shape, dtype in layout:
+            # A new file reads as zeros without being written.
+            table = np.lib.format.open_memmap(folder / f'{name}.npy', 'w+', np.dtype(dtype),
+                                              (num_users, *shape))
+            if fill is not None:
+                fill(name, table)
+            table.flush()
+            del table
+        journal = user_state_journal.Journal(folder / _JOURNAL)
+        journal.append_mark(0)
+        journal.close()
+        meta = {'format': 1, 'store_id': secrets.randbits(62),
+                'arrays': [[name, list(shape), np.dtype(dtype).str] for name, shape, dtype in layout]}
+        temporary = folder / (_META + '.tmp')
+        temporary.write_text(json.dumps(meta) + '\n', encoding='utf-8')
+        os.replace(temporary, folder / _META)
+        return cls(folder)
+
+    def _row_layout(self):
+        return [(shape, dtype) for _, shape, dtype in self.layout]
+
+    def scatter(self, users, rows) -> None:
+        index = np.asarray(users, np.int64)
+        # The rows' old values are on disk (synced) before any is overwritten.
+        self.journal.append_undo(index, [self.arrays[name][index] for name, _, _ in self.layout])
+        self.dirty = True
+        for name, table in self.arrays.items():
+            table[index] = rows[name]
+
+    def mark(self) -> int:
+        """Flushes the arrays and records their state as a new version
+        (the same version when nothing changed since the last).
+
+        Returns:
+          The version a checkpoint records.
+        """
+        if not self.dirty:
+            return self.version
+        for table in self.arrays.values():
+            table.flush()
+        self.version += 1
+        self.journal.append_mark(self.version)
+        self.dirty = False
+        marks = self.journal.marks()
+        if len(marks) > KEEP_MARKS:
+            self.journal.drop_before(marks[-KEEP_MARKS])
+        return self.version
+
+    def _mark_of(self, version: int):
+        marks = [m for m in self.journal.marks() if m.value == version]
+        if not marks:
+            kept = ', '.join(str(m.value) for m in self.journal.marks())
+            raise StoreError(f'{self.folder}: version {version} of the user states is no '
+                             f'longer in the journal (it keeps versions {kept})')
+        return marks[-1]
+
+    def _undo_records(self, version: int):
+        """The undo records after `version`'s mark, newest first."""
+        mark = self._mark_of(version)
+        after = self.journal.records[self.journal.records.index(mark) + 1:]
+        return mark, [r for r in reversed(after) if r.kind == user_state_journal.UNDO]
+
+    def rollback(self, version: int) -> None:
+        """Restores the arrays of `version` in place and forgets later records
+        (what a resume does: rows written after that checkpoint are undone).
+
+        Raises:
+          StoreError: If the journal no longer holds `version`.
+        """
+        mark, records = self._undo_records(version)
+        layout = self._row_layout()
+        for record in records:
+            index, rows = self.journal.read_undo(record, layout)
+            for (name, _, _), old in zip(self.layout, rows):
+                self.arrays[name][index] = old
+        for table in self.arrays.values():
+            table.flush()
+        self.journal.truncate_after(mark)
+        self.version, self.dirty = version, False
+
+    def snapshot(self, version: int) -> dict[str, np.ndarray]:
+        """The arrays of `version` in memory, leaving the files as they are
+        (what a reader of an older checkpoint needs).
+
+        Raises:
+          StoreError: If the journal no longer holds `version`.
+        """
+        _, records = self._undo_records(version)
+        out = {name: np.array(table) for name, table in self.arrays.items()}
+        layout = self._row_layout()
+        for record in records:
+            index, rows = self.journal.read_undo(record, layout)
+            for (name, _, _), old in zip(self.layout, rows):
+                out[name][index] = old
+        return out
+
+    def close(self) -> None:
+        """Flushes the arrays and closes the journal."""
+        for table in self.arrays.values():
+            table.flush()
+        self.journal.close()
