@@ -135,3 +135,112 @@ def test_create_replaces_a_store_and_changes_its_id(tmp_path):
     assert not store_lib.DiskStore.exists(tmp_path / 'none')
     with pytest.raises(store_lib.StoreError, match='no readable user-state store'):
         store_lib.DiskStore(tmp_path / 'none')
+
+
+# ---------------------------------------------------------------------------
+# Whole runs on tiny synthetic data.
+
+DATA = {'num_users': 60}
+_TIMING = ('seconds', 'peak_rss')
+
+
+def _metric_rows(run_dir):
+    import csv  # pylint: disable=g-import-not-at-top
+
+    with open(run_dir / 'metrics.csv', newline='') as f:
+        return [{k: v for k, v in row.items() if not any(t in k for t in _TIMING)}
+                for row in csv.DictReader(f)]
+
+
+def _train(run_dir, total_rounds, **settings):
+    from tff_fedrecgel import api  # pylint: disable=g-import-not-at-top
+
+    experiment = api.experiment('synthetic', run_dir=run_dir, data_options=DATA,
+                                total_rounds=total_rounds, rounds_per_checkpoint=2,
+                                preset='paper', **settings)
+    return experiment.train()
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+    """A memory run of 4 rounds; a disk run of 3, whose last checkpoint is
+    then lost (as if killed before saving it), resumed to 4."""
+    from tff_fedrecgel import api  # pylint: disable=g-import-not-at-top
+
+    root = tmp_path_factory.mktemp('store_runs')
+    with api.Session():
+        memory = _train(root / 'memory', 4)
+        first = _train(root / 'disk', 3, user_state_store='disk')
+        rows_before = _metric_rows(root / 'disk')
+        import shutil  # pylint: disable=g-import-not-at-top
+        shutil.rmtree(root / 'disk' / 'checkpoints' / 'program_state_3')
+        resumed = _train(root / 'disk', 4, user_state_store='disk')
+    return root, memory, first, rows_before, resumed
+
+
+def test_disk_and_memory_runs_give_the_same_metrics(runs):
+    root, memory, first, rows_before, _ = runs
+    assert rows_before == _metric_rows(root / 'memory')[:3]
+    assert (root / 'disk' / 'user_states' / 'journal.bin').is_file()
+    assert not (root / 'memory' / 'user_states').exists()
+    hparams = json.loads((root / 'disk' / 'hparams.json').read_text())
+    assert hparams['user_state_store'] == 'disk'
+    assert json.loads((root / 'memory' / 'hparams.json').read_text())[
+        'user_state_store'] == 'memory'
+    assert first['rounds'] == 3
+
+
+def test_disk_run_resumes_to_the_same_numbers(runs):
+    root, memory, _, _, resumed = runs
+    assert _metric_rows(root / 'disk') == _metric_rows(root / 'memory')
+    assert resumed['final'] == memory['final']
+    assert resumed['rounds'] == 4
+
+
+def test_disk_checkpoint_reads_back_as_the_memory_run(runs):
+    from tff_fedrecgel import api  # pylint: disable=g-import-not-at-top
+
+    root = runs[0]
+    with api.Session():
+        tables = {}
+        for name in ('memory', 'disk'):
+            loaded = api.load_run(root / name, round_num=2)
+            tables[name] = loaded.simulation.algorithm.local_tables()
+    for disk, memory in zip(tables['disk'], tables['memory']):
+        np.testing.assert_array_equal(disk, memory)
+
+
+def test_old_records_without_the_setting_still_resume(runs):
+    from tff_fedrecgel.program import outputs  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.program import run_record  # pylint: disable=g-import-not-at-top
+
+    root = runs[0]
+    hparams = json.loads((root / 'memory' / 'hparams.json').read_text())
+    old = {k: v for k, v in hparams.items() if k != 'user_state_store'}
+    assert not run_record.differences({'hparams': old, 'data': 'x'}, hparams, 'x')
+    assert outputs._changed_settings(old, hparams) == []  # pylint: disable=protected-access
+    assert run_record.differences({'hparams': old, 'data': 'x'},
+                                  {**hparams, 'user_state_store': 'disk'}, 'x')
+
+
+def test_disk_store_is_refused_where_no_user_keeps_state():
+    from tff_fedrecgel import api  # pylint: disable=g-import-not-at-top
+
+    for kwargs in ({'algorithm': 'fedrecon'}, {'local_state': 'reconstruct'},
+                   {'algorithm': 'pfedrec'}):
+        with pytest.raises(ValueError, match='user_state_store'):
+            api.settings('synthetic', user_state_store='disk', **kwargs)
+    with pytest.raises(ValueError, match='user_state_store must be one of'):
+        api.settings('synthetic', user_state_store='foo')
+
+
+def test_bad_flag_is_one_line_and_writes_nothing(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(REPO / 'launch' / 'train.py'), '--task=synthetic',
+         '--num_users=60', '--user_state_store=foo', f'--root_output_dir={tmp_path}/out'],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, 'PYTHONPATH': str(REPO)})
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and 'user_state_store' in lines[0], done.stderr
+    assert not (tmp_path / 'out').exists()
