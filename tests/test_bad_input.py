@@ -84,8 +84,9 @@ _FLOAT_COMPANIONS = {
     'dp_clip': ['--dp_noise_multiplier=1'],
     'dp_delta': ['--dp_noise_multiplier=1', '--dp_clip=1'],
 }
-_ENUMS = ('task', 'algorithm', 'eval_protocol', 'simulation', 'server_optimizer',
-          'local_state', 'loss_reduction', 'update', 'client_weighting', 'preset')
+_ENUMS = ('task', 'algorithm', 'eval_protocol', 'simulation', 'user_state_store',
+          'server_optimizer', 'local_state', 'loss_reduction', 'update', 'client_weighting',
+          'preset')
 _BOOLS = ('validation', 'progress', 'csv_header', 'dp_adaptive_clip', 'secure_aggregation')
 
 # Flags each baseline does not take (`methods.Method.takes`), with a value.
@@ -94,14 +95,16 @@ _METHOD_FLAGS = {
                 '--local_state=reconstruct', '--loss_reduction=mean', '--num_negatives=2',
                 '--local_lr=0.2', '--server_lr=0.01', '--rho_sh=0.1', '--rho_ns=0.1',
                 '--reconstruction_steps=3', '--client_weighting=num_examples',
-                '--workers=localhost:1', '--sharpness_probe=0.1', '--server_optimizer=sgd'],
+                '--workers=localhost:1', '--sharpness_probe=0.1', '--server_optimizer=sgd',
+                '--user_state_store=disk'],
     'fedrecon': ['--local_epochs=2', '--client_lr=0.1', '--update=model_delta',
                  '--local_state=persistent', '--loss_reduction=chunk_sum',
                  '--client_weighting=num_examples',
-                 '--sharpness_probe=0.1', '--server_optimizer=sgd', '--dp_noise_multiplier=1'],
+                 '--sharpness_probe=0.1', '--server_optimizer=sgd', '--dp_noise_multiplier=1',
+                 '--user_state_store=disk'],
     'central': ['--local_epochs=2', '--client_lr=0.1', '--update=model_delta',
                 '--server_lr=0.01', '--rho_sh=0.1', '--rho_ns=0.1', '--workers=localhost:1',
-                '--secure_aggregation'],
+                '--secure_aggregation', '--user_state_store=disk'],
     'fedncf': ['--rho_sh=0.1', '--rho_ns=0.1'],
     'fedmf': ['--rho_sh=0.1'],
     'sam_global': ['--rho_ns=0.1'],
