@@ -1,4 +1,5 @@
-r"""Times data preparation at scale and checks sampled evaluation against full.
+r"""Times data preparation and training rounds at scale; checks sampled
+evaluation against full.
 
 Prints figures, never asserts them. Examples (from the repository root)::
 
@@ -6,6 +7,9 @@ Prints figures, never asserts them. Examples (from the repository root)::
         --num_users=162000 --num_items=59000 --mean_interactions=155
     nice -n 10 .venv/bin/python launch/benchmark_scale.py --mode=eval_error \
         --num_users=100000 --num_items=2000
+    nice -n 10 .venv/bin/python launch/benchmark_scale.py --mode=train \
+        --num_users=1000000 --num_items=20000 --clients_per_round=1000 --rounds=2 \
+        --user_state_store=disk --cache_dir=/tmp/bench/syn1m
 
 `--mode=prep` runs three phases, each in a fresh process so that each peak
 memory is its own: `generate` (the synthetic log, saved as raw columns),
@@ -18,6 +22,15 @@ seconds of each (the CPU time of the whole process, loading included: on a
 shared machine it moves less than the wall time; the 1-minute load average
 at the end of the phase says how shared it was).
 The files go to a temporary folder under --work_dir, removed at the end.
+
+`--mode=train` times FedRecGEL training rounds on a synthetic population
+with `--user_state_store` (the disk store in a temporary `user_states/`
+under --work_dir): building the simulation and the store, `--warmup`
+untimed rounds, then `--rounds` timed rounds, each followed by a checkpoint's
+`mark` of the disk store (its seconds apart), and prints the seconds per
+round and the peak resident memory (VmHWM) of this process and of TFF's
+worker apart (the process's includes the split, prepared or read from
+--cache_dir). No evaluation.
 
 `--mode=eval_error` trains `--rounds` FedRecGEL rounds on a synthetic
 population, evaluates every user, then the fixed `--eval_users` sample
@@ -50,7 +63,7 @@ from absl import flags
 import numpy as np
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-_MODE = flags.DEFINE_enum('mode', 'prep', ['prep', 'eval_error'], 'What to measure.')
+_MODE = flags.DEFINE_enum('mode', 'prep', ['prep', 'train', 'eval_error'], 'What to measure.')
 _PHASE = flags.DEFINE_enum('phase', None, ['generate', 'prepare', 'reload'],
                            'Internal: run one phase of --mode=prep in this process.')
 _NUM_USERS = flags.DEFINE_integer('num_users', 162_000, 'Synthetic users.', lower_bound=1)
@@ -69,6 +82,11 @@ _CLIENTS = flags.DEFINE_integer('clients_per_round', 1000, 'eval_error: cohort.'
                                 lower_bound=1)
 _EVAL_USERS = flags.DEFINE_integer('eval_users', 10_000, 'eval_error: sample size.',
                                    lower_bound=2)
+_STORE = flags.DEFINE_enum('user_state_store', 'disk', ['memory', 'disk'],
+                           'train: where the users\' states live.')
+_WARMUP = flags.DEFINE_integer('warmup', 1, 'train: untimed rounds first.', lower_bound=0)
+_CACHE_DIR = flags.DEFINE_string('cache_dir', None, 'train: reuse (or write) the prepared '
+                                 'split here.')
 _REPEATS = flags.DEFINE_integer('repeats', 20, 'eval_error: other samples drawn.',
                                 lower_bound=2)
 
@@ -162,6 +180,70 @@ def _prep() -> int:
     return 0
 
 
+def _worker_peak_mb() -> float:
+    """High-water resident memory of this process's TFF workers, MB."""
+    from tff_fedrecgel.runtime import processes  # pylint: disable=g-import-not-at-top
+
+    total = 0.0
+    for pid in processes.worker_pids():
+        with open(f'/proc/{pid}/status') as f:
+            total += sum(int(line.split()[1]) for line in f if line.startswith('VmHWM:'))
+    return total / 1024
+
+
+def _train() -> int:
+    from tff_fedrecgel import simulation  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import tasks  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.algorithms import client_update  # pylint: disable=g-import-not-at-top
+
+    _entry.tff_runtime()
+    start = time.perf_counter()
+    split = tasks.get_task('synthetic').load_split(
+        num_users=_NUM_USERS.value, num_items=_NUM_ITEMS.value, cache_dir=_CACHE_DIR.value)
+    load_seconds = time.perf_counter() - start
+    split_peak = _peak_rss_mb()
+    folder = tempfile.mkdtemp(prefix='fedrecgel_store_', dir=_WORK_DIR.value)
+    try:
+        work = client_update.ClientWorkConfig(rho_sh=0.01, rho_ns=0.05)
+        start = time.perf_counter()
+        sim = simulation.build_simulation(split=split, method='fedrecgel', work=work,
+                                          clients_per_round=_CLIENTS.value, seed=0,
+                                          user_state_store=_STORE.value)
+        sim.use_state_folder(os.path.join(folder, 'user_states'))
+        sim.initialize()
+        sim.algorithm.local_tables()  # Creates the disk store (else at round 1).
+        build_seconds = time.perf_counter() - start
+        for _ in range(_WARMUP.value):
+            sim.run_round()
+        rounds, marks = [], []
+        for _ in range(_ROUNDS.value):
+            start = time.perf_counter()
+            sim.run_round()
+            rounds.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            sim.algorithm.client_states.checkpoint_state()
+            marks.append(time.perf_counter() - start)
+        store_mb = sum(os.path.getsize(os.path.join(root, name)) for root, _, names in
+                       os.walk(folder) for name in names) / 2**20
+        out = {'num_users': split.num_users, 'num_items': split.num_items,
+               'clients_per_round': _CLIENTS.value, 'user_state_store': _STORE.value,
+               'load_seconds': load_seconds, 'build_seconds': build_seconds,
+               'round_seconds': rounds, 'mark_seconds': marks,
+               'split_peak_rss_mb': split_peak, 'peak_rss_mb': _peak_rss_mb(),
+               'worker_peak_rss_mb': _worker_peak_mb(), 'store_mb': store_mb,
+               'load_average': os.getloadavg()[0]}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f'{_STORE.value} store, {split.num_users:,} users, {_CLIENTS.value:,} clients per '
+          f'round: {np.mean(rounds):.2f} s per round ({", ".join(f"{r:.2f}" for r in rounds)}), '
+          f'checkpoint mark {np.mean(marks):.3f} s; build {build_seconds:.1f} s; peak '
+          f'{out["peak_rss_mb"]:.0f} MB process (after loading the split: '
+          f'{split_peak:.0f} MB) + {out["worker_peak_rss_mb"]:.0f} MB worker; store files '
+          f'{store_mb:.0f} MB (apparent size); load {out["load_average"]:.1f}', flush=True)
+    print(json.dumps(out), flush=True)
+    return 0
+
+
 def _eval_error() -> int:
     from tff_fedrecgel import eval_sample  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel import evaluation  # pylint: disable=g-import-not-at-top
@@ -224,7 +306,7 @@ def main(argv: list[str]) -> int:
                           'cpu_seconds': usage.ru_utime + usage.ru_stime,
                           'load_average': os.getloadavg()[0]}), flush=True)
         return 0
-    return _prep() if _MODE.value == 'prep' else _eval_error()
+    return {'prep': _prep, 'train': _train, 'eval_error': _eval_error}[_MODE.value]()
 
 
 if __name__ == '__main__':

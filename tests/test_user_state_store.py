@@ -32,7 +32,7 @@ def _arrays(seed=0):
 def _disk(folder):
     start = _arrays()
     return store_lib.DiskStore.create(folder, LAYOUT, USERS,
-                                      lambda name, table: table.__setitem__(..., start[name]))
+                                      lambda name, write: write(0, start[name]))
 
 
 def _rows(users, value):
@@ -135,6 +135,29 @@ def test_create_replaces_a_store_and_changes_its_id(tmp_path):
     assert not store_lib.DiskStore.exists(tmp_path / 'none')
     with pytest.raises(store_lib.StoreError, match='no readable user-state store'):
         store_lib.DiskStore(tmp_path / 'none')
+
+
+def test_disk_store_starts_from_the_memory_states(tmp_path, monkeypatch):
+    from tff_fedrecgel.algorithms import client_update  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.models import neumf  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.simulation import client_states  # pylint: disable=g-import-not-at-top
+
+    config = neumf.ModelConfig(num_items=20, gmf_dim=4, mlp_dim=6, mlp_layers=(8, 4))
+    monkeypatch.setattr(client_states, '_CHUNK_ROWS', 7)  # Drawn in several chunks.
+    disk = client_states.ClientStateTable(store=client_states.create_disk_store(
+        tmp_path / 's', config, num_users=23, seed=3))
+    memory = client_states.ClientStateTable(
+        client_update.initial_client_states(config, num_users=23, seed=3))
+    for a, b in zip(memory.state, disk.state):
+        for x, y in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b]):
+            np.testing.assert_array_equal(x, y)
+    users = [5, 0, 22]
+    new = memory.gather(users)._replace(adam_step=np.array([1, 2, 3], np.int32))
+    memory.scatter(users, new)
+    disk.scatter(users, new)
+    np.testing.assert_array_equal(memory.state.adam_step, disk.state.adam_step)
+    ref = disk.checkpoint_state()
+    assert int(ref['store_version']) == 1 and client_states.is_store_reference(ref)
 
 
 # ---------------------------------------------------------------------------

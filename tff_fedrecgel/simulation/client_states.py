@@ -65,13 +65,13 @@ def create_disk_store(folder: str | os.PathLike, model_config: neumf.ModelConfig
     chunks = client_update.initial_embedding_chunks(
         model_config, num_users=num_users, seed=seed, chunk_rows=_CHUNK_ROWS)
 
-    def fill(name, table):
+    def fill(name, write):
         if not name.startswith('local_weights_'):
             return  # Zeros.
         written = 0
         while written < num_users:  # Tables are drawn in order, as the layout's.
             _, start, rows = next(chunks)
-            table[start:start + len(rows)] = rows
+            write(start, rows)
             written += len(rows)
 
     return user_state_store.DiskStore.create(folder, layout, num_users, fill)

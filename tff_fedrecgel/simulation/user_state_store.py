@@ -129,15 +129,18 @@ class DiskStore(UserStateStore):
 
     @classmethod
     def create(cls, folder: str | os.PathLike, layout: Layout, num_users: int,
-               fill: Callable[[str, np.ndarray], None] | None = None) -> 'DiskStore':
+               fill: Callable[[str, Callable[[int, np.ndarray], None]], None] | None = None
+               ) -> 'DiskStore':
         """Writes a new store (replacing any in `folder`) at version 0.
 
         Args:
           folder: Where (created if missing).
           layout: `(name, row shape, dtype)` of each array.
           num_users: Rows.
-          fill: Called with each array's name and memmap to write its
-            initial values (None, or arrays it skips: zeros).
+          fill: Called with each array's name and a `write(first_row, rows)`
+            function to write its initial values (rows not written, and
+            arrays of no `fill`: zeros). Writes go through the file, not a
+            mapping: the process's resident memory stays small.
 
         Returns:
           The opened store.
@@ -147,13 +150,19 @@ class DiskStore(UserStateStore):
         (folder / _META).unlink(missing_ok=True)  # Incomplete until rewritten.
         (folder / _JOURNAL).unlink(missing_ok=True)
         for name, shape, dtype in layout:
-            # A new file reads as zeros without being written.
-            table = np.lib.format.open_memmap(folder / f'{name}.npy', 'w+', np.dtype(dtype),
-                                              (num_users, *shape))
-            if fill is not None:
-                fill(name, table)
-            table.flush()
+            path = folder / f'{name}.npy'
+            # The header, then a file that reads as zeros without being written.
+            table = np.lib.format.open_memmap(path, 'w+', np.dtype(dtype), (num_users, *shape))
+            offset, row_bytes = table.offset, table.itemsize * int(np.prod(shape, dtype=np.int64))
             del table
+            if fill is not None:
+                with open(path, 'r+b') as f:
+                    def write(first, rows, f=f, dtype=dtype, offset=offset, row_bytes=row_bytes):
+                        f.seek(offset + first * row_bytes)
+                        f.write(np.ascontiguousarray(rows, dtype).tobytes())
+                    fill(name, write)
+                    f.flush()
+                    os.fsync(f.fileno())
         journal = user_state_journal.Journal(folder / _JOURNAL)
         journal.append_mark(0)
         journal.close()
