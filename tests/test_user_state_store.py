@@ -84,8 +84,14 @@ def test_rollback_after_a_crash_restores_the_checkpoint(tmp_path):
     del disk
     with open(folder / 'journal.bin', 'ab') as f:
         f.write(b'UNDO' + b'\x05' * 10)
+    size = (folder / 'journal.bin').stat().st_size
+    reader = store_lib.DiskStore(folder, writable=False)  # Changes nothing.
+    _equal(reader.snapshot(version), at_checkpoint)
+    reader.close()
+    assert (folder / 'journal.bin').stat().st_size == size
     reopened = store_lib.DiskStore(folder)
     assert reopened.dirty and reopened.version == version
+    assert (folder / 'journal.bin').stat().st_size < size  # The torn record dropped.
     older = reopened.snapshot(0)  # A reader: the files stay as they are.
     _equal(older, _arrays())
     assert reopened.arrays['step'][9] == 7
@@ -224,13 +230,18 @@ def test_disk_checkpoint_reads_back_as_the_memory_run(runs):
     from tff_fedrecgel import api  # pylint: disable=g-import-not-at-top
 
     root = runs[0]
+    journal = (root / 'disk' / 'user_states' / 'journal.bin').read_bytes()
     with api.Session():
-        tables = {}
-        for name in ('memory', 'disk'):
-            loaded = api.load_run(root / name, round_num=2)
-            tables[name] = loaded.simulation.algorithm.local_tables()
-    for disk, memory in zip(tables['disk'], tables['memory']):
-        np.testing.assert_array_equal(disk, memory)
+        # Round 2: undone in memory; round 4: the files mapped copy-on-write.
+        for round_num in (2, 4):
+            tables = {}
+            for name in ('memory', 'disk'):
+                loaded = api.load_run(root / name, round_num=round_num)
+                tables[name] = loaded.simulation.algorithm.local_tables()
+            for disk, memory in zip(tables['disk'], tables['memory']):
+                np.testing.assert_array_equal(disk, memory)
+    # Readers leave the store as it was.
+    assert (root / 'disk' / 'user_states' / 'journal.bin').read_bytes() == journal
 
 
 def test_old_records_without_the_setting_still_resume(runs):
@@ -255,6 +266,8 @@ def test_disk_store_is_refused_where_no_user_keeps_state():
             api.settings('synthetic', user_state_store='disk', **kwargs)
     with pytest.raises(ValueError, match='user_state_store must be one of'):
         api.settings('synthetic', user_state_store='foo')
+    with pytest.raises(ValueError, match='rounds_per_checkpoint must be positive'):
+        api.settings('synthetic', user_state_store='disk', rounds_per_checkpoint=0)
 
 
 def test_bad_flag_is_one_line_and_writes_nothing(tmp_path):

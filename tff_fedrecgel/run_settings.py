@@ -238,6 +238,10 @@ class Settings:
             raise SettingError('user_state_store', f'{self.user_state_store!r} needs a method '
                                'that keeps each user\'s state (the FedRecGEL family, '
                                'local_state=persistent)', self.user_state_store)
+        if self.user_state_store == 'disk' and not self.rounds_per_checkpoint:
+            raise SettingError('rounds_per_checkpoint', 'must be positive with '
+                               'user_state_store=disk (its undo journal is trimmed at '
+                               'checkpoints)', self.rounds_per_checkpoint)
         if self.early_stopping_patience and not self.validation:
             raise SettingError('early_stopping_patience', 'needs --validation (it watches '
                                'the validation item)', self.early_stopping_patience)

@@ -156,7 +156,7 @@ def restore_table(saved, folder: str | os.PathLike | None, *, resume: bool) -> C
     if folder is None or not user_state_store.DiskStore.exists(folder):
         raise user_state_store.StoreError(
             f'{folder}: the checkpoint names a disk user-state store, which is missing')
-    store = user_state_store.DiskStore(folder)
+    store = user_state_store.DiskStore(folder, writable=resume)
     if store.store_id != int(saved['store_id']):
         raise user_state_store.StoreError(
             f'{folder}: the user-state store is not the one the checkpoint was made with')
@@ -164,6 +164,12 @@ def restore_table(saved, folder: str | os.PathLike | None, *, resume: bool) -> C
     if resume:
         store.rollback(version)
         return ClientStateTable(store=store)
-    arrays = store.snapshot(version)
+    if store.version == version and not store.dirty:
+        # The files hold that version: map them copy-on-write (a reader's
+        # writes stay in memory), no copy of the population.
+        arrays = {name: np.load(store.folder / f'{name}.npy', mmap_mode='c')
+                  for name in store.arrays}
+    else:
+        arrays = store.snapshot(version)
     store.close()
     return ClientStateTable(store=user_state_store.MemoryStore(arrays))

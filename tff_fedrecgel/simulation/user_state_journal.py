@@ -52,18 +52,22 @@ def _crc(kind: bytes, value: int, payload: bytes | memoryview) -> int:
 class Journal:
     """The undo journal of one store (`path`), opened for appending."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, writable: bool = True):
         """Opens (or creates) the journal and drops a torn last record.
 
         Args:
           path: The journal file.
+          writable: False for a reader: the file is left as it is (a run may
+            be writing it).
 
         Raises:
           OSError: If the file cannot be opened.
         """
         self.path = os.fspath(path)
         self.records: list[Record] = []
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._writable = writable
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY,
+                           0o644)
         self._scan()
 
     def _scan(self) -> None:
@@ -79,9 +83,9 @@ class Journal:
                     break
                 self.records.append(Record(kind, value, offset, _HEADER.size + length))
                 offset += _HEADER.size + length
-        if offset != size:  # A write cut short: its rows were never overwritten.
+        if offset != size and self._writable:
+            # A write cut short: its rows were never overwritten.
             os.ftruncate(self._fd, offset)
-        os.lseek(self._fd, offset, os.SEEK_SET)
 
     @property
     def end(self) -> int:

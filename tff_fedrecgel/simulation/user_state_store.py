@@ -95,11 +95,13 @@ class DiskStore(UserStateStore):
       version: The version of the last mark.
     """
 
-    def __init__(self, folder: str | os.PathLike):
+    def __init__(self, folder: str | os.PathLike, *, writable: bool = True):
         """Opens an existing store.
 
         Args:
           folder: The folder `create` wrote.
+          writable: False for a reader: nothing in the folder changes
+            (`snapshot` only).
 
         Raises:
           StoreError: If the folder holds no complete store.
@@ -110,11 +112,13 @@ class DiskStore(UserStateStore):
             self.store_id = int(meta['store_id'])
             self.layout = [(name, tuple(shape), np.dtype(dtype))
                            for name, shape, dtype in meta['arrays']]
-            self.arrays = {name: np.lib.format.open_memmap(self.folder / f'{name}.npy', 'r+')
+            self.arrays = {name: np.lib.format.open_memmap(
+                self.folder / f'{name}.npy', 'r+' if writable else 'r')
                            for name, _, _ in self.layout}
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise StoreError(f'{self.folder}: no readable user-state store ({e})') from None
-        self.journal = user_state_journal.Journal(self.folder / _JOURNAL)
+        self.journal = user_state_journal.Journal(self.folder / _JOURNAL, writable=writable)
+        self._writable = writable
         marks = self.journal.marks()
         if not marks:
             raise StoreError(f'{self.folder}: the user-state journal has no version')
@@ -253,6 +257,7 @@ class DiskStore(UserStateStore):
 
     def close(self) -> None:
         """Flushes the arrays and closes the journal."""
-        for table in self.arrays.values():
-            table.flush()
+        if self._writable:
+            for table in self.arrays.values():
+                table.flush()
         self.journal.close()
