@@ -10,6 +10,8 @@ Prints figures, never asserts them. Examples (from the repository root)::
     nice -n 10 .venv/bin/python launch/benchmark_scale.py --mode=train \
         --num_users=1000000 --num_items=20000 --clients_per_round=1000 --rounds=2 \
         --user_state_store=disk --cache_dir=/tmp/bench/syn1m
+    nice -n 10 .venv/bin/python launch/benchmark_scale.py --mode=store \
+        --num_users=10000000 --clients_per_round=1000 --rounds=5
 
 `--mode=prep` runs three phases, each in a fresh process so that each peak
 memory is its own: `generate` (the synthetic log, saved as raw columns),
@@ -31,6 +33,11 @@ untimed rounds, then `--rounds` timed rounds, each followed by a checkpoint's
 round and the peak resident memory (VmHWM) of this process and of TFF's
 worker apart (the process's includes the split, prepared or read from
 --cache_dir). No evaluation.
+
+`--mode=store` times the disk store alone (no data, no TFF): creating it
+for `--num_users` users at the default NeuMF sizes, then `--rounds` rounds of
+a `--clients_per_round` cohort's gather, scatter (with its undo record) and
+a checkpoint's mark, and prints the seconds and this process's peak memory.
 
 `--mode=eval_error` trains `--rounds` FedRecGEL rounds on a synthetic
 population, evaluates every user, then the fixed `--eval_users` sample
@@ -63,7 +70,8 @@ from absl import flags
 import numpy as np
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-_MODE = flags.DEFINE_enum('mode', 'prep', ['prep', 'train', 'eval_error'], 'What to measure.')
+_MODE = flags.DEFINE_enum('mode', 'prep', ['prep', 'train', 'store', 'eval_error'],
+                          'What to measure.')
 _PHASE = flags.DEFINE_enum('phase', None, ['generate', 'prepare', 'reload'],
                            'Internal: run one phase of --mode=prep in this process.')
 _NUM_USERS = flags.DEFINE_integer('num_users', 162_000, 'Synthetic users.', lower_bound=1)
@@ -244,6 +252,46 @@ def _train() -> int:
     return 0
 
 
+def _store() -> int:
+    from tff_fedrecgel import sizes  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.simulation import client_states  # pylint: disable=g-import-not-at-top
+
+    folder = tempfile.mkdtemp(prefix='fedrecgel_store_', dir=_WORK_DIR.value)
+    try:
+        start = time.perf_counter()
+        table = client_states.ClientStateTable(store=client_states.create_disk_store(
+            os.path.join(folder, 'user_states'), sizes.ModelConfig(num_items=1),
+            num_users=_NUM_USERS.value, seed=0))
+        create_seconds = time.perf_counter() - start
+        rng = np.random.default_rng(0)
+        steps = {'gather': [], 'scatter': [], 'mark': []}
+        for _ in range(_ROUNDS.value):
+            users = rng.choice(_NUM_USERS.value, _CLIENTS.value, replace=False)
+            start = time.perf_counter()
+            state = table.gather(users)
+            steps['gather'].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            table.scatter(users, state._replace(adam_step=state.adam_step + 1))
+            steps['scatter'].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            table.checkpoint_state()
+            steps['mark'].append(time.perf_counter() - start)
+        store_mb = sum(os.path.getsize(os.path.join(root, name)) for root, _, names in
+                       os.walk(folder) for name in names) / 2**20
+        out = {'num_users': _NUM_USERS.value, 'clients_per_round': _CLIENTS.value,
+               'create_seconds': create_seconds, **steps, 'store_mb': store_mb,
+               'peak_rss_mb': _peak_rss_mb(), 'load_average': os.getloadavg()[0]}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f'disk store of {_NUM_USERS.value:,} users ({store_mb:,.0f} MB of files): created in '
+          f'{create_seconds:.1f} s; per round of {_CLIENTS.value:,} users: gather '
+          f'{np.mean(steps["gather"]) * 1000:.1f} ms, scatter {np.mean(steps["scatter"]) * 1000:.1f} '
+          f'ms, mark {np.mean(steps["mark"]) * 1000:.1f} ms; peak {out["peak_rss_mb"]:.0f} MB; '
+          f'load {out["load_average"]:.1f}', flush=True)
+    print(json.dumps(out), flush=True)
+    return 0
+
+
 def _eval_error() -> int:
     from tff_fedrecgel import eval_sample  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel import evaluation  # pylint: disable=g-import-not-at-top
@@ -306,7 +354,8 @@ def main(argv: list[str]) -> int:
                           'cpu_seconds': usage.ru_utime + usage.ru_stime,
                           'load_average': os.getloadavg()[0]}), flush=True)
         return 0
-    return {'prep': _prep, 'train': _train, 'eval_error': _eval_error}[_MODE.value]()
+    return {'prep': _prep, 'train': _train, 'store': _store,
+            'eval_error': _eval_error}[_MODE.value]()
 
 
 if __name__ == '__main__':
