@@ -283,11 +283,11 @@ def _store() -> int:
                'peak_rss_mb': _peak_rss_mb(), 'load_average': os.getloadavg()[0]}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    ms = {step: np.mean(seconds) * 1000 for step, seconds in steps.items()}
     print(f'disk store of {_NUM_USERS.value:,} users ({store_mb:,.0f} MB of files): created in '
           f'{create_seconds:.1f} s; per round of {_CLIENTS.value:,} users: gather '
-          f'{np.mean(steps["gather"]) * 1000:.1f} ms, scatter {np.mean(steps["scatter"]) * 1000:.1f} '
-          f'ms, mark {np.mean(steps["mark"]) * 1000:.1f} ms; peak {out["peak_rss_mb"]:.0f} MB; '
-          f'load {out["load_average"]:.1f}', flush=True)
+          f'{ms["gather"]:.1f} ms, scatter {ms["scatter"]:.1f} ms, mark {ms["mark"]:.1f} ms; '
+          f'peak {out["peak_rss_mb"]:.0f} MB; load {out["load_average"]:.1f}', flush=True)
     print(json.dumps(out), flush=True)
     return 0
 

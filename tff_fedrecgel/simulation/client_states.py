@@ -57,6 +57,9 @@ def create_disk_store(folder: str | os.PathLike, model_config: neumf.ModelConfig
       model_config: The model sizes.
       num_users: Users.
       seed: Seed of the embeddings.
+
+    Returns:
+      The opened store (version 0).
     """
     dims = model_config.local_dims
     layout = ([(f'local_weights_{i}', (d,), np.float32) for i, d in enumerate(dims)]
@@ -125,8 +128,12 @@ class ClientStateTable:
         return list(self.state.local_weights)
 
     def checkpoint_state(self):
-        """What a checkpoint saves: every array (in memory), or the disk
-        store's id and a new version (`DiskStore.mark`)."""
+        """What a checkpoint saves.
+
+        Returns:
+          Every array (a `ClientState`) of a memory store; of a disk store,
+          its id and the version `DiskStore.mark` gives (the files synced).
+        """
         store = self.store
         if isinstance(store, user_state_store.DiskStore):
             return collections.OrderedDict(store_id=np.int64(store.store_id),

@@ -331,8 +331,11 @@ class Simulation:
 
     def use_state_folder(self, folder) -> None:
         """Where an algorithm keeping per-user state on disk keeps it
-        (`--user_state_store=disk`: `<run_dir>/user_states`); call before
-        `initialize`."""
+        (`--user_state_store=disk`); call before `initialize`.
+
+        Args:
+          folder: The run's `user_states/` (`outputs.ExperimentPaths.user_states`).
+        """
         use = getattr(self.algorithm, 'use_state_folder', None)
         if use is not None:
             use(folder)

@@ -26,8 +26,8 @@ from tff_fedrecgel.algorithms import global_perturbation
 from tff_fedrecgel.data import batching
 from tff_fedrecgel.data.client_data import Batch
 from tff_fedrecgel.models import neumf
-from tff_fedrecgel.simulation import sharded_round
 from tff_fedrecgel.simulation import client_states as client_states_lib
+from tff_fedrecgel.simulation import sharded_round
 from tff_fedrecgel.simulation.client_states import ClientStateTable
 
 DEFAULT_MAX_GROUP_EXAMPLES = batching.DEFAULT_MAX_GROUP_EXAMPLES
@@ -131,7 +131,11 @@ class FedRecGEL:
         self.client_states: ClientStateTable | None = None
 
     def use_state_folder(self, folder) -> None:
-        """Where the disk store keeps the users' states (`<run_dir>/user_states`)."""
+        """Where the disk store keeps the users' states.
+
+        Args:
+          folder: `<run_dir>/user_states` (created at the store's first use).
+        """
         self.state_folder = folder
 
     def initialize(self) -> None:

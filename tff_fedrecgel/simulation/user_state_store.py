@@ -28,6 +28,7 @@ import secrets
 
 import numpy as np
 
+from tff_fedrecgel.errors import DataError
 from tff_fedrecgel.simulation import user_state_journal
 
 # Marks kept in the journal: the training program keeps 3 checkpoints, and a
@@ -40,8 +41,10 @@ _JOURNAL = 'journal.bin'
 Layout = Sequence[tuple[str, tuple[int, ...], np.dtype]]
 
 
-class StoreError(RuntimeError):
-    """A disk store that cannot serve a request (a one-line message)."""
+class StoreError(DataError):
+    """A disk store that cannot serve a request (a one-line message): its
+    folder is missing or another run's, or its journal no longer holds the
+    version a checkpoint names."""
 
 
 class UserStateStore(abc.ABC):
