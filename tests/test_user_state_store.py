@@ -1,9 +1,10 @@
 """The user-state store (issue 30): memory and disk keep the same numbers,
 and a disk store killed mid-round rolls back to its last checkpoint.
 
-Unit tests on tiny arrays (no TensorFlow), then short whole runs on tiny
-synthetic data: the two stores give the same metrics, and a disk run
-resumed from a checkpoint gives the numbers of an uninterrupted one.
+Unit tests on tiny arrays (no TensorFlow), then whole short runs of
+launch/train.py on tiny synthetic data: a disk run SIGKILLed mid-run and
+resumed gives the rows and summary of the uninterrupted memory run, and its
+checkpoints read back as the memory run's.
 """
 
 import json
@@ -171,9 +172,9 @@ def test_disk_store_starts_from_the_memory_states(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------
-# Whole runs on tiny synthetic data.
+# Whole runs: launch/train.py on tiny synthetic data (conftest.TRAIN_SMALL_RUN:
+# 6 rounds, a checkpoint every 2, a validation item).
 
-DATA = {'num_users': 60}
 _TIMING = ('seconds', 'peak_rss')
 
 
@@ -185,49 +186,58 @@ def _metric_rows(run_dir):
                 for row in csv.DictReader(f)]
 
 
-def _train(run_dir, total_rounds, **settings):
-    from tff_fedrecgel import api  # pylint: disable=g-import-not-at-top
-
-    experiment = api.experiment('synthetic', run_dir=run_dir, data_options=DATA,
-                                total_rounds=total_rounds, rounds_per_checkpoint=2,
-                                preset='paper', **settings)
-    return experiment.train()
+def _summary(text):
+    out = json.loads(text.strip().splitlines()[-1])
+    return {k: v for k, v in out.items()
+            if 'seconds' not in k and k not in ('output_dir', 'peak_rss_mb')}
 
 
 @pytest.fixture(scope='module')
-def runs(tmp_path_factory):
-    """A memory run of 4 rounds; a disk run of 3, whose last checkpoint is
-    then lost (as if killed before saving it), resumed to 4."""
-    from tff_fedrecgel import api  # pylint: disable=g-import-not-at-top
+def runs(train_reference, tmp_path_factory):
+    """The uninterrupted memory run (conftest's reference), and a disk run
+    SIGKILLed once it has run 3 rounds (after its checkpoint of round 2)
+    then run again to its end: (memory folder, memory output, disk folder,
+    the killed run's exit status, the resumed run)."""
+    import signal  # pylint: disable=g-import-not-at-top
+    import time  # pylint: disable=g-import-not-at-top
+
+    from conftest import TRAIN_SMALL_RUN  # pylint: disable=g-import-not-at-top
 
     root = tmp_path_factory.mktemp('store_runs')
-    with api.Session():
-        memory = _train(root / 'memory', 4)
-        first = _train(root / 'disk', 3, user_state_store='disk')
-        rows_before = _metric_rows(root / 'disk')
-        import shutil  # pylint: disable=g-import-not-at-top
-        shutil.rmtree(root / 'disk' / 'checkpoints' / 'program_state_3')
-        resumed = _train(root / 'disk', 4, user_state_store='disk')
-    return root, memory, first, rows_before, resumed
+    command = [sys.executable, str(REPO / 'launch' / 'train.py'), *TRAIN_SMALL_RUN,
+               '--user_state_store=disk', f'--root_output_dir={root}', '--experiment_name=disk']
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=str(REPO))
+    metrics = root / 'disk' / 'metrics.csv'
+    with open(root / 'first.txt', 'w') as log:
+        first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while first.poll() is None and time.monotonic() < deadline:
+                if metrics.exists() and len(metrics.read_text().splitlines()) > 3:
+                    break
+                time.sleep(0.02)
+        finally:
+            if first.poll() is None:
+                os.killpg(first.pid, signal.SIGKILL)  # The run and its TFF worker.
+            first.wait()
+    resumed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300,
+                             check=False)
+    folder, output = train_reference
+    return folder, output, root / 'disk', first.returncode, resumed
 
 
-def test_disk_and_memory_runs_give_the_same_metrics(runs):
-    root, memory, first, rows_before, _ = runs
-    assert rows_before == _metric_rows(root / 'memory')[:3]
-    assert (root / 'disk' / 'user_states' / 'journal.bin').is_file()
-    assert not (root / 'memory' / 'user_states').exists()
-    hparams = json.loads((root / 'disk' / 'hparams.json').read_text())
-    assert hparams['user_state_store'] == 'disk'
-    assert json.loads((root / 'memory' / 'hparams.json').read_text())[
-        'user_state_store'] == 'memory'
-    assert first['rounds'] == 3
-
-
-def test_disk_run_resumes_to_the_same_numbers(runs):
-    root, memory, _, _, resumed = runs
-    assert _metric_rows(root / 'disk') == _metric_rows(root / 'memory')
-    assert resumed['final'] == memory['final']
-    assert resumed['rounds'] == 4
+def test_disk_run_killed_mid_run_resumes_to_the_memory_run(runs):
+    memory, output, disk, killed, resumed = runs
+    assert killed == -9
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert 'resuming from the checkpoint of round' in resumed.stdout
+    assert _metric_rows(disk) == _metric_rows(memory)
+    assert _summary(resumed.stdout) == _summary(output)
+    assert (disk / 'user_states' / 'journal.bin').is_file()
+    assert not (memory / 'user_states').exists()
+    assert json.loads((disk / 'hparams.json').read_text())['user_state_store'] == 'disk'
+    assert json.loads((memory / 'hparams.json').read_text())['user_state_store'] == 'memory'
 
 
 def test_disk_checkpoint_reads_back_as_the_memory_run(runs):
@@ -235,33 +245,37 @@ def test_disk_checkpoint_reads_back_as_the_memory_run(runs):
     from tff_fedrecgel.program import run_folder  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel.simulation import client_states  # pylint: disable=g-import-not-at-top
 
-    root = runs[0]
-    journal = (root / 'disk' / 'user_states' / 'journal.bin').read_bytes()
+    memory, _, disk, _, _ = runs
+    journal = (disk / 'user_states' / 'journal.bin').read_bytes()
 
-    def saved(name, round_num):
-        return run_folder.load_checkpoint(root / name, round_num=round_num)[1][
+    def saved(folder, round_num):
+        return run_folder.load_checkpoint(folder, round_num=round_num)[1][
             'simulation']['algorithm']['client_states']
 
+    def same(a, b):
+        for x, y in zip(a, b):
+            for u, v in zip(*(z if isinstance(z, list) else [z] for z in (x, y))):
+                np.testing.assert_array_equal(u, v)
+
     with api.Session():  # Round 2: the journal's records undone in memory.
-        tables = api.load_run(root / 'disk', round_num=2).simulation.algorithm.local_tables()
-    for disk, memory in zip(tables, client_states.ClientStateTable(saved('memory', 2)).state[0]):
-        np.testing.assert_array_equal(disk, memory)
-    # Round 4, the files' own version: mapped copy-on-write.
-    table = client_states.restore_table(saved('disk', 4), root / 'disk' / 'user_states',
-                                        resume=False)
-    for disk, memory in zip(table.state, client_states.ClientStateTable(saved('memory', 4)).state):
-        for x, y in zip(*(v if isinstance(v, list) else [v] for v in (disk, memory))):
-            np.testing.assert_array_equal(x, y)
+        tables = api.load_run(disk, round_num=2).simulation.algorithm.local_tables()
+    same([tables], [client_states.ClientStateTable(saved(memory, 2)).state[0]])
+    # Round 6, the files' own version: mapped copy-on-write.
+    table = client_states.restore_table(saved(disk, 6), disk / 'user_states', resume=False)
+    same(table.state, client_states.ClientStateTable(saved(memory, 6)).state)
+    # The validation-selected state is kept whole, as the memory run's.
+    selected = run_folder.load_checkpoint(disk, checkpoint='selected')[1]
+    assert not client_states.is_store_reference(
+        selected['simulation']['algorithm']['client_states'])
     # Readers leave the store as it was.
-    assert (root / 'disk' / 'user_states' / 'journal.bin').read_bytes() == journal
+    assert (disk / 'user_states' / 'journal.bin').read_bytes() == journal
 
 
 def test_old_records_without_the_setting_still_resume(runs):
     from tff_fedrecgel.program import outputs  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel.program import run_record  # pylint: disable=g-import-not-at-top
 
-    root = runs[0]
-    hparams = json.loads((root / 'memory' / 'hparams.json').read_text())
+    hparams = json.loads((runs[0] / 'hparams.json').read_text())
     old = {k: v for k, v in hparams.items() if k != 'user_state_store'}
     assert not run_record.differences({'hparams': old, 'data': 'x'}, hparams, 'x')
     assert outputs._changed_settings(old, hparams) == []  # pylint: disable=protected-access
