@@ -57,6 +57,7 @@ from tff_fedrecgel import runtime
 from tff_fedrecgel import tasks
 from tff_fedrecgel import tf_logs
 from tff_fedrecgel.data.preprocess import Split
+from tff_fedrecgel.evaluation import protocols
 from tff_fedrecgel.program import outputs
 from tff_fedrecgel.program import run_folder
 from tff_fedrecgel.program import training_thread
@@ -306,13 +307,14 @@ class Experiment:
             self._has_state = True
 
     def evaluate(self, which: str = 'test', *, heldout: bool = False,
-                 protocol: str = 'sampled') -> dict[str, float]:
+                 protocol: str = protocols.SAMPLED.name) -> dict[str, float]:
         """Ranking metrics of every training (or held-out) user (`Simulation.evaluate`).
 
         Args:
           which: 'test' or 'valid' (with `validation`).
           heldout: The users held out of training instead.
-          protocol: 'sampled' (eval_negatives sampled negatives, the paper's 99) or 'full'
+          protocol: A name of `evaluation.protocols.NAMES`: 'sampled'
+            (eval_negatives sampled negatives, the paper's 99) or 'full'
             (every item the user did not train on; with MRR).
         """
         self._ensure_state()

@@ -52,7 +52,7 @@ from tensorflow_federated.proto.v0 import computation_pb2
 
 from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import evaluation
-from tff_fedrecgel import ranking
+from tff_fedrecgel.evaluation import ranking
 # Where computations run, and the type checks (re-exported: part of this API).
 from tff_fedrecgel.export_checks import AGGREGATION
 from tff_fedrecgel.export_checks import DEVICE
