@@ -50,6 +50,7 @@ import os
 import pathlib
 from typing import Any
 
+from tff_fedrecgel import export_settings
 from tff_fedrecgel import methods
 from tff_fedrecgel import sizes
 from tff_fedrecgel import recipes
@@ -356,13 +357,20 @@ class Experiment:
         """Writes the trained model as a SavedModel (`serving.export_saved_model`).
 
         Returns:
-          The written `model.json`.
+          The written `model.json` (the run's settings, privacy ones included).
+
+        Raises:
+          SettingError: If the SavedModel cannot honour a setting of the run
+            (`export_settings.check_saved_model`).
         """
         from tff_fedrecgel import serving  # pylint: disable=g-import-not-at-top
 
+        export_settings.check_saved_model(self.settings, self.foreign_settings)
+        recorded = run_folder.read_hparams(self.paths.root) if self.foreign_settings else {}
         return serving.export_saved_model(self.model(), output_dir, metadata={
             'run_dir': str(self.paths.root), 'round': self.round_num,
-            'settings': self.settings.hparams()})
+            'settings': {**self.settings.hparams(),
+                         **export_settings.privacy_record(recorded)}})
 
 
 def experiment(task: str, *, run_dir: str | os.PathLike, split: Split | None = None,
