@@ -7,10 +7,12 @@ from __future__ import annotations
 from absl import flags
 
 from tff_fedrecgel import run_settings
-from tff_fedrecgel.launch import _protocol_flag
 
-# Defined apart: export.py takes it without the other evaluation flags.
-EVAL_PROTOCOL = _protocol_flag.EVAL_PROTOCOL
+EVAL_PROTOCOL = flags.DEFINE_enum(
+    'eval_protocol', run_settings.default('eval_protocol'), list(run_settings.EVAL_PROTOCOLS),
+    'sampled: the held-out item among --eval_negatives sampled negatives (the paper\'s; '
+    'metrics test/...); full: among every item the user did not train on '
+    '(test_full/..., with MRR: the protocol to trust); both.')
 ROUNDS_PER_EVAL = flags.DEFINE_integer(
     'rounds_per_eval', run_settings.default('rounds_per_eval'),
     'Evaluate all users every this many rounds.')

@@ -59,9 +59,9 @@ from tff_fedrecgel.launch import _algorithm_flags as algo
 from tff_fedrecgel.launch import _client_flags
 from tff_fedrecgel.launch import _config_file
 from tff_fedrecgel.launch import _data_flags
+from tff_fedrecgel.launch import _eval_flags
 from tff_fedrecgel.launch import _model_flags
 from tff_fedrecgel.launch import _privacy_flags
-from tff_fedrecgel.launch import _protocol_flag
 from tff_fedrecgel.launch import _ranking_flags
 from tff_fedrecgel.launch import _server_flags
 from tff_fedrecgel import export_settings
@@ -77,9 +77,9 @@ flags.adopt_module_key_flags(_server_flags)
 flags.adopt_module_key_flags(_data_flags)
 flags.adopt_module_key_flags(_model_flags)
 flags.adopt_module_key_flags(_ranking_flags)
-# Taken to be honoured (--eval_protocol) or refused with one line (privacy),
-# never dropped: export_settings.DECISIONS says which.
-flags.declare_key_flag(_protocol_flag.EVAL_PROTOCOL.name)
+# Taken, never dropped: honoured (--eval_protocol), ignored (the evaluation
+# schedule) or refused with one line (privacy); export_settings.DECISIONS.
+flags.adopt_module_key_flags(_eval_flags)
 flags.adopt_module_key_flags(_privacy_flags)
 _config_file.define_config_flag()
 flags.adopt_module_key_flags(_config_file)
@@ -125,7 +125,7 @@ def _privacy() -> dict:
 def _check_run_flags() -> None:
     """--run_dir takes every setting from the run (--data_dir may move it)."""
     modules = (algo, _data_flags, _client_flags, _server_flags, _model_flags, _ranking_flags,
-               _privacy_flags, _protocol_flag)
+               _eval_flags, _privacy_flags)
     given = sorted({f'--{holder.name}' for module in modules
                     for holder in vars(module).values()
                     if isinstance(holder, flags.FlagHolder) and holder.present
