@@ -255,7 +255,7 @@ class Simulation:
         return tables
 
     def evaluate(self, which: str = 'test', *, heldout: bool = False,
-                 protocol: str = 'sampled') -> dict[str, float]:
+                 protocol: str = protocols.SAMPLED.name) -> dict[str, float]:
         """Ranking metrics of the training (or held-out) users' `which` items.
 
         Args:
