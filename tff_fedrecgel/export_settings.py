@@ -53,22 +53,27 @@ class Decision:
       saved_model: A name of `KINDS`, for the trained model.
       why: One phrase: how it is honoured, or why it does not matter or is
         refused.
+      refusal: What a refusal says (for `REFUSES`; the checks word the
+        refusals of `HONOURS_OR_REFUSES`).
+
+    Raises:
+      ValueError: On a kind outside `KINDS`.
     """
 
     computations: str
     saved_model: str
     why: str
+    refusal: str = ''
 
     def __post_init__(self):
         for kind in (self.computations, self.saved_model):
             if kind not in KINDS:
                 raise ValueError(f'a decision is one of {KINDS}, got {kind!r}')
+        if REFUSES in (self.computations, self.saved_model) and not self.refusal:
+            raise ValueError('a refusal needs its words')
 
 
-def _d(computations: str, saved_model: str, why: str) -> Decision:
-    return Decision(computations, saved_model, why)
-
-
+_d = Decision
 _H, _I, _R, _HR = HONOURS, IRRELEVANT, REFUSES, HONOURS_OR_REFUSES
 _TRAINING = 'shapes training only; the exported weights are its result'
 _SCHEDULE = 'schedules the simulated run, not a deployment or the served model'
@@ -128,13 +133,18 @@ DECISIONS: Mapping[str, Decision] = {
     'sharpness_probe': _d(_I, _I, 'a measurement of the simulated run'),
     # Privacy: the deployment's aggregator is the plain weighted mean.
     **{name: _d(_R, _H, f'computations: {_PLAIN_MEAN}; SavedModel: the served weights '
-                'are the private run\'s, recorded in model.json')
+                'are the private run\'s, recorded in model.json',
+                refusal=f'{_PLAIN_MEAN} (DP and secure aggregation are not exported)')
        for name in PRIVACY_SETTINGS},
 }
 
 
 def undecided() -> list[str]:
-    """Settings of a run that `DECISIONS` does not cover (should be none)."""
+    """Settings of a run that `DECISIONS` does not cover (should be none).
+
+    Returns:
+      Their names: `Settings` fields, then `PRIVACY_SETTINGS`.
+    """
     names = [f.name for f in dataclasses.fields(run_settings.Settings)]
     return [n for n in names + list(PRIVACY_SETTINGS) if n not in DECISIONS]
 
@@ -143,8 +153,8 @@ def _refuse(name: str, reason: str, value: Any) -> SettingError:
     return SettingError(name, f'is refused by export: {reason}', value)
 
 
-def _privacy_in_use(privacy: Mapping[str, Any]) -> list[str]:
-    return [k for k in PRIVACY_SETTINGS if privacy.get(k) not in (None, False)]
+def _in_use(value: Any) -> bool:
+    return value not in (None, False)
 
 
 def check_computations(settings: run_settings.Settings,
@@ -164,10 +174,11 @@ def check_computations(settings: run_settings.Settings,
     if not method.exports:
         raise _refuse('algorithm', 'the computations are the FedRecGEL family\'s process',
                       settings.algorithm)
-    used = _privacy_in_use(privacy or {})
-    if used:
-        raise _refuse(used[0], f'{_PLAIN_MEAN} (DP and secure aggregation are not '
-                      'exported)', privacy[used[0]])
+    values = {**{f.name: getattr(settings, f.name)
+                 for f in dataclasses.fields(run_settings.Settings)}, **(privacy or {})}
+    for name, decision in DECISIONS.items():
+        if decision.computations == REFUSES and _in_use(values.get(name)):
+            raise _refuse(name, decision.refusal, values[name])
     if (settings.local_state == 'reconstruct'
             and protocols.FULL in protocols.selected(settings.eval_protocol)):
         raise _refuse('eval_protocol', 'no federated full ranking rebuilds embeddings '
@@ -196,19 +207,37 @@ def check_saved_model(settings: run_settings.Settings,
         if decision is None:
             raise _refuse(name, 'the run recorded a setting export does not know', None)
         if decision.saved_model == REFUSES:
-            raise _refuse(name, f'the run recorded it; {decision.why}', None)
+            raise _refuse(name, f'the run recorded it; {decision.refusal}', None)
 
 
 def privacy_record(hparams: Mapping[str, Any]) -> dict[str, Any]:
-    """The privacy settings of a run's `hparams.json` (those set)."""
-    return {k: hparams[k] for k in PRIVACY_SETTINGS if hparams.get(k) not in (None, False)}
+    """The privacy settings of a run's `hparams.json` (those set).
+
+    Args:
+      hparams: A run's recorded settings.
+
+    Returns:
+      Name -> value of the `PRIVACY_SETTINGS` that are on.
+    """
+    return {k: hparams[k] for k in PRIVACY_SETTINGS if _in_use(hparams.get(k))}
 
 
 def eval_protocols(settings: run_settings.Settings) -> tuple[str, ...]:
-    """The protocols whose federated evaluations the computations include."""
+    """The protocols whose federated evaluations the computations include.
+
+    Args:
+      settings: The settings exported.
+
+    Returns:
+      Names of `evaluation.protocols.NAMES`, in release order.
+    """
     return tuple(p.name for p in protocols.selected(settings.eval_protocol))
 
 
 def table() -> list[tuple[str, str, str, str]]:
-    """`(setting, computations, saved_model, why)` rows, for docs and tests."""
+    """The decisions as rows, for docs and tests.
+
+    Returns:
+      `(setting, computations, saved_model, why)` tuples.
+    """
     return [(name, d.computations, d.saved_model, d.why) for name, d in DECISIONS.items()]

@@ -76,7 +76,14 @@ class Protocol:
     federated_name: str
 
     def metric_names(self, top_ks: Sequence[int] = TOP_KS) -> list[str]:
-        """Its metric keys (`metric_names` with its MRR)."""
+        """Its metric keys (`metric_names` with its MRR).
+
+        Args:
+          top_ks: Cut-offs K.
+
+        Returns:
+          The names, in output order.
+        """
         return metric_names(top_ks, mrr=self.mrr)
 
     def group(self, base: str) -> str:
@@ -92,6 +99,10 @@ class Protocol:
           train_data: The split's `client_data.FederatedTrainData`.
           which: 'test' or 'valid'.
           users: User indices.
+
+        Returns:
+          Sampled: int `[users, candidates]` (the held-out item first); full:
+          `(held-out items [users], (indptr, items) of their training items)`.
         """
         raise NotImplementedError
 
@@ -115,7 +126,17 @@ class Protocol:
 
     def evaluate_item_scores(self, item_scores, held_out, *,
                              top_ks: Sequence[int] = TOP_KS, sample_of: int | None = None):
-        """As `evaluate_model`, for one score per item shared by every user."""
+        """As `evaluate_model`, for one score per item shared by every user.
+
+        Args:
+          item_scores: float `[num_items]` (e.g. item popularity).
+          held_out: From `held_out`.
+          top_ks: Cut-offs K.
+          sample_of: As in `evaluate_model`.
+
+        Returns:
+          OrderedDict of floats keyed as `metric_names` (and `<name>_se`).
+        """
         raise NotImplementedError
 
     def user_metrics(self, scores, held_out, *, top_ks: Sequence[int] = TOP_KS):
@@ -132,7 +153,15 @@ class Protocol:
         raise NotImplementedError
 
     def build_federated_evaluation(self, model_config, *, top_ks: Sequence[int] = TOP_KS):
-        """The TFF computation a deployment runs (each device ranks its own item)."""
+        """The TFF computation a deployment runs (each device ranks its own item).
+
+        Args:
+          model_config: The NeuMF sizes.
+          top_ks: Cut-offs K.
+
+        Returns:
+          A `tff.Computation` whose SERVER result is keyed as `metric_names`.
+        """
         raise NotImplementedError
 
 
@@ -225,6 +254,12 @@ CHOICES = NAMES + (BOTH,)
 def get(name: str) -> Protocol:
     """The protocol named `name`.
 
+    Args:
+      name: A name of `NAMES`.
+
+    Returns:
+      The `Protocol`.
+
     Raises:
       ValueError: On an unknown name (one line naming the protocols).
     """
@@ -236,6 +271,12 @@ def get(name: str) -> Protocol:
 
 def selected(choice: str) -> tuple[Protocol, ...]:
     """The protocols an `--eval_protocol` value evaluates, in release order.
+
+    Args:
+      choice: A name of `CHOICES`.
+
+    Returns:
+      The `Protocol`s.
 
     Raises:
       ValueError: On a value not in `CHOICES`.
