@@ -55,6 +55,7 @@ from tff_fedrecgel.launch import _data_flags
 from tff_fedrecgel import runtime
 from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError
+from tff_fedrecgel.evaluation import protocols
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # --help lists the shared flags this script uses with its own.
@@ -85,7 +86,7 @@ _EVAL_USERS = flags.DEFINE_integer(
     'eval_users', None, 'sampled: evaluate a fixed sample of this many users '
     '(as launch/train.py --eval_users) instead of all of them.', lower_bound=1)
 _EVAL_PROTOCOL = flags.DEFINE_enum(
-    'eval_protocol', 'sampled', ['sampled', 'full'],
+    'eval_protocol', protocols.SAMPLED.name, list(protocols.NAMES),
     'sampled: time training rounds and the sampled (100-candidate) '
     'evaluation; full: time the full-ranking evaluation of all users against '
     'a dense matmul.')
@@ -137,7 +138,7 @@ def main(argv: list[str]) -> int:
     work = ClientWorkConfig(
         rho_sh=task.rho_sh if _RHO_SH.value is None else _RHO_SH.value,
         rho_ns=task.rho_ns if _RHO_NS.value is None else _RHO_NS.value)
-    if _EVAL_PROTOCOL.value == 'full':
+    if _EVAL_PROTOCOL.value == protocols.FULL.name:
         result = _measure_full(split, work, cohorts[0])
         result.update(task=task.name, load_seconds=round(load_seconds, 2),
                       data_peak_rss_mb=round(data_peak_rss_mb, 1))
@@ -243,7 +244,7 @@ def _measure_full(split, work, clients: int) -> dict:
     """Times the full-ranking evaluation of all users against a dense matmul."""
     # pylint: disable=g-import-not-at-top
     import numpy as np
-    from tff_fedrecgel import full_ranking
+    from tff_fedrecgel.evaluation import full_ranking
     from tff_fedrecgel.simulation import build_simulation
     # pylint: enable=g-import-not-at-top
 
@@ -333,7 +334,7 @@ def _check_federated(config, weights, tables, heldout, csr, num_users: int,
                      options: dict) -> dict:
     """Federated vs fast path on the first `num_users` users."""
     # pylint: disable=g-import-not-at-top
-    from tff_fedrecgel import full_ranking
+    from tff_fedrecgel.evaluation import full_ranking
     # pylint: enable=g-import-not-at-top
 
     indptr, items = csr

@@ -293,8 +293,8 @@ def _store() -> int:
 
 
 def _eval_error() -> int:
-    from tff_fedrecgel import eval_sample  # pylint: disable=g-import-not-at-top
-    from tff_fedrecgel import evaluation  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.evaluation import eval_sample  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.evaluation import sampled as evaluation  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel import simulation  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel import tasks  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel.algorithms import client_update  # pylint: disable=g-import-not-at-top

@@ -16,13 +16,19 @@ users of the data, `recommend_for_items(item_ids, k)` for a new user (its
 embedding rebuilt inside), `exclude` defaulting to the user's items
 (`tff_fedrecgel/serving.py`), plus model.json and items.csv. It loads with
 plain `tf.saved_model.load`, without this project.
-The settings come from the run (no --task or algorithm flags).
+The settings come from the run (no --task, algorithm or other setting flags).
+
+Every setting of a run is honoured, irrelevant to the export, or refused with
+one line (`tff_fedrecgel/export_settings.py` says which): DP and secure
+aggregation, methods that do not export, and full ranking with rebuilt
+embeddings are refused.
 
 The task only determines the item count (read from its data; synthetic needs
 none) and the default SAM radii; everything else comes from the flags, with
 the same defaults as launch/train.py. Writes into --output_dir one serialized
 `tff.framework.serialize_computation` proto per computation (`<name>.pb`:
-initialize, next, federated_evaluation, client_update, server_update,
+initialize, next, federated_evaluation (and federated_full_evaluation under
+--eval_protocol=full or both), client_update, server_update,
 mapreduce_round and its MapReduceForm and DistributeAggregateForm pieces), the
 two forms' summaries, and manifest.json (file, type signature and side of every
 computation, the hyperparameters baked in, bytes per device and round). See
@@ -53,12 +59,15 @@ from tff_fedrecgel.launch import _algorithm_flags as algo
 from tff_fedrecgel.launch import _client_flags
 from tff_fedrecgel.launch import _config_file
 from tff_fedrecgel.launch import _data_flags
+from tff_fedrecgel.launch import _eval_flags
 from tff_fedrecgel.launch import _model_flags
+from tff_fedrecgel.launch import _privacy_flags
 from tff_fedrecgel.launch import _ranking_flags
 from tff_fedrecgel.launch import _server_flags
-from tff_fedrecgel import methods
+from tff_fedrecgel import export_settings
 from tff_fedrecgel import recipes
 from tff_fedrecgel.errors import DataError
+from tff_fedrecgel.errors import SettingError
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # --help lists the shared flags this script uses with its own.
@@ -68,6 +77,10 @@ flags.adopt_module_key_flags(_server_flags)
 flags.adopt_module_key_flags(_data_flags)
 flags.adopt_module_key_flags(_model_flags)
 flags.adopt_module_key_flags(_ranking_flags)
+# Taken, never dropped: honoured (--eval_protocol), ignored (the evaluation
+# schedule) or refused with one line (privacy); export_settings.DECISIONS.
+flags.adopt_module_key_flags(_eval_flags)
+flags.adopt_module_key_flags(_privacy_flags)
 _config_file.define_config_flag()
 flags.adopt_module_key_flags(_config_file)
 
@@ -104,12 +117,19 @@ def _folder_bytes(path: str, names: list[str]) -> int:
     return sum(os.path.getsize(os.path.join(path, n)) for n in names)
 
 
+def _privacy() -> dict:
+    """The privacy flags given, keyed as `export_settings.PRIVACY_SETTINGS`."""
+    return {name: flags.FLAGS[name].value for name in export_settings.PRIVACY_SETTINGS}
+
+
 def _check_run_flags() -> None:
     """--run_dir takes every setting from the run (--data_dir may move it)."""
-    given = sorted(f'--{holder.name}' for module in (algo, _data_flags)
-                   for holder in vars(module).values()
-                   if isinstance(holder, flags.FlagHolder) and holder.present
-                   and holder is not _data_flags.DATA_DIR)
+    modules = (algo, _data_flags, _client_flags, _server_flags, _model_flags, _ranking_flags,
+               _eval_flags, _privacy_flags)
+    given = sorted({f'--{holder.name}' for module in modules
+                    for holder in vars(module).values()
+                    if isinstance(holder, flags.FlagHolder) and holder.present
+                    and holder is not _data_flags.DATA_DIR})
     if given:
         raise DataError(f'--run_dir takes the settings of the run; drop {", ".join(given)}')
     if not _OUTPUT_DIR.value:
@@ -122,6 +142,7 @@ def _export_run(output_dir: str) -> int:
 
     run_settings, foreign, split = api.read_run(_RUN_DIR.value,
                                                 data_dir=_data_flags.DATA_DIR.value)
+    export_settings.check_saved_model(run_settings, foreign)  # Before the slow restore.
     with api.Session():
         experiment = api.Experiment(run_settings, run_dir=_RUN_DIR.value, split=split,
                                     foreign_settings=foreign)
@@ -156,9 +177,10 @@ def main(argv: list[str]) -> int:
         raise DataError('--output_dir is required')
     output_dir = _check_output_dir(_OUTPUT_DIR.value)
     settings = algo.settings(task)  # Flag errors fail before the data is read.
-    if not methods.get_method(algo.ALGORITHM.value).exports:
-        raise ValueError(f'--algorithm={algo.ALGORITHM.value} is not of the FedRecGEL '
-                         'family, which is what export exports')
+    try:
+        export_settings.check_computations(settings, _privacy())
+    except SettingError as e:
+        raise ValueError(e.flag_message()) from None
     # Only the item count is needed from the data (no sampled negatives: any
     # catalog); read it before the slow TensorFlow imports so that data
     # errors come quickly.
@@ -178,7 +200,7 @@ def main(argv: list[str]) -> int:
     deployment = export.build_deployment(
         model_config=model_config, work=work, server_lr=settings.server_lr,
         server_optimizer=settings.server_optimizer, init_seed=settings.seed,
-        top_ks=settings.top_ks)
+        top_ks=settings.top_ks, eval_protocols=export_settings.eval_protocols(settings))
     manifest = export.write_deployment(
         deployment, output_dir,
         extra_hyperparameters={
@@ -187,6 +209,8 @@ def main(argv: list[str]) -> int:
             # What a device draws for the sampled protocol (the computation
             # ranks whatever candidates it is given).
             'eval_negatives': settings.eval_negatives,
+            # What a device draws per positive for its round batch.
+            'num_negatives': settings.num_negatives,
             'data_dir': settings.hparams()['data_dir'],
             'data_options': {k: v for k, v in settings.data_options.items()
                              if v is not None},

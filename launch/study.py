@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from tff_fedrecgel import tasks
+from tff_fedrecgel.evaluation import protocols
 
 DATASETS = ('filmtrust', 'lastfm_2k', 'amazon_video')
 # The paper reproduction's methods (the floor and ceiling are the recipe study's).
@@ -67,7 +68,7 @@ class Run:
     total_rounds: int | None = None
     preset: str = 'paper'
     heldout_users: float = 0.0
-    eval_protocol: str = 'sampled'
+    eval_protocol: str = protocols.SAMPLED.name
     rounds_per_full_eval: int | None = None
     extra: tuple[str, ...] = ()
 
@@ -81,7 +82,7 @@ class Run:
                     ('sharpness_probe', self.sharpness_probe, None),
                     ('total_rounds', self.total_rounds, None), ('preset', self.preset, 'paper'),
                     ('heldout_users', self.heldout_users or None, None),
-                    ('eval_protocol', self.eval_protocol, 'sampled'),
+                    ('eval_protocol', self.eval_protocol, protocols.SAMPLED.name),
                     ('rounds_per_full_eval', self.rounds_per_full_eval, None))
         out += [f'--{name}={value:g}' if isinstance(value, float) else f'--{name}={value}'
                 for name, value, needless in optional if value not in (None, needless)]

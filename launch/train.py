@@ -59,6 +59,7 @@ from tff_fedrecgel.launch import _simulation_flags as simulation_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel import run_settings
+from tff_fedrecgel.evaluation import protocols
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # --help lists the flags of every concern, one group each (_flag_groups).
@@ -193,7 +194,7 @@ def main(argv: list[str]) -> int:
 
 def _headline(headline, negatives: int) -> str:
     """The summary's first figure in words (`negatives`: of the sampled protocol)."""
-    suffix = '_full' if headline['protocol'] == 'full' else ''
+    suffix = protocols.get(headline['protocol']).suffix
     protocol = 'full ranking' if suffix else f'sampled, {negatives} negatives'
     served = ('; recommend.py, export.py and api.load_run serve this round'
               if headline['selection'].startswith('valid') else '')

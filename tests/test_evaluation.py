@@ -197,7 +197,7 @@ def test_evaluate_users_traces_once():
             _random_candidates(num_users, 10, config.num_items, rng),
             batch_size=batch_size,
         )
-    scorer = evaluation._batch_scorer(config, ranking.TOP_KS)
+    scorer = evaluation.sampled._batch_scorer(config, ranking.TOP_KS)
     assert scorer.experimental_get_tracing_count() == 1
 
 

@@ -50,6 +50,7 @@ import os
 import pathlib
 from typing import Any
 
+from tff_fedrecgel import export_settings
 from tff_fedrecgel import methods
 from tff_fedrecgel import sizes
 from tff_fedrecgel import recipes
@@ -57,6 +58,7 @@ from tff_fedrecgel import runtime
 from tff_fedrecgel import tasks
 from tff_fedrecgel import tf_logs
 from tff_fedrecgel.data.preprocess import Split
+from tff_fedrecgel.evaluation import protocols
 from tff_fedrecgel.program import outputs
 from tff_fedrecgel.program import run_folder
 from tff_fedrecgel.program import training_thread
@@ -307,13 +309,14 @@ class Experiment:
             self._has_state = True
 
     def evaluate(self, which: str = 'test', *, heldout: bool = False,
-                 protocol: str = 'sampled') -> dict[str, float]:
+                 protocol: str = protocols.SAMPLED.name) -> dict[str, float]:
         """Ranking metrics of every training (or held-out) user (`Simulation.evaluate`).
 
         Args:
           which: 'test' or 'valid' (with `validation`).
           heldout: The users held out of training instead.
-          protocol: 'sampled' (eval_negatives sampled negatives, the paper's 99) or 'full'
+          protocol: A name of `evaluation.protocols.NAMES`: 'sampled'
+            (eval_negatives sampled negatives, the paper's 99) or 'full'
             (every item the user did not train on; with MRR).
         """
         self._ensure_state()
@@ -355,13 +358,20 @@ class Experiment:
         """Writes the trained model as a SavedModel (`serving.export_saved_model`).
 
         Returns:
-          The written `model.json`.
+          The written `model.json` (the run's settings, privacy ones included).
+
+        Raises:
+          SettingError: If the SavedModel cannot honour a setting of the run
+            (`export_settings.check_saved_model`).
         """
         from tff_fedrecgel import serving  # pylint: disable=g-import-not-at-top
 
+        export_settings.check_saved_model(self.settings, self.foreign_settings)
+        recorded = run_folder.read_hparams(self.paths.root) if self.foreign_settings else {}
         return serving.export_saved_model(self.model(), output_dir, metadata={
             'run_dir': str(self.paths.root), 'round': self.round_num,
-            'settings': self.settings.hparams()})
+            'settings': {**self.settings.hparams(),
+                         **export_settings.privacy_record(recorded)}})
 
 
 def experiment(task: str, *, run_dir: str | os.PathLike, split: Split | None = None,

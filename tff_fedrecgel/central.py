@@ -7,7 +7,7 @@ with `model.fit` on all users' examples at once. Each epoch draws fresh
 negatives (the clients' sampler, `num_negatives` per unique training
 positive), shuffles, and runs one pass of Adam on the mean binary
 cross-entropy (docs/ALGORITHM.md, "One round": Adam 0.001, batch 256, 4
-negatives). Evaluation is the federated models' `evaluation.evaluate_users`.
+negatives). Evaluation is the federated models' `evaluation.sampled.evaluate_users`.
 
 `CentralTrainer` offers the simulation's interface (`initialize`, `run_round`
 = one epoch, `round_num`, `evaluate`, `global_weights`, `local_tables`,
@@ -23,9 +23,9 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tff_fedrecgel import evaluation
 from tff_fedrecgel.data.client_data import FederatedTrainData
 from tff_fedrecgel.data.preprocess import Split
+from tff_fedrecgel.evaluation import sampled
 from tff_fedrecgel.models import neumf
 
 DEFAULT_LEARNING_RATE = 0.001
@@ -195,7 +195,7 @@ class CentralTrainer:
 
     def evaluate(self, which: str = 'test') -> dict[str, float]:
         """HR@K and NDCG@K over all users, as for the federated models."""
-        metrics = evaluation.evaluate_users(
+        metrics = sampled.evaluate_users(
             self.model_config, self.global_weights, self.local_tables(),
             self.split.candidates(which))
         return {k: float(v) for k, v in metrics.items()}

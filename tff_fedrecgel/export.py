@@ -10,6 +10,8 @@ the simulation runs on groups of users, for a group of one. `build_deployment` r
                          client_data@CLIENTS) -> (server_state@SERVER,
                          client_states@CLIENTS, metrics@SERVER)
   federated_evaluation   HR@K / NDCG@K, each device ranking its own candidates
+                         (the sampled protocol; `federated_full_evaluation` under
+                         full ranking: one per protocol of `eval_protocols`)
   client_update          device: (global_weights, client_state, client_data)
                          -> OrderedDict(update, weight, dropped, users,
                          client_state, metrics)
@@ -51,8 +53,8 @@ import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import computation_pb2
 
 from tff_fedrecgel import algorithm_config
-from tff_fedrecgel import evaluation
-from tff_fedrecgel import ranking
+from tff_fedrecgel.evaluation import protocols
+from tff_fedrecgel.evaluation import reconstruction
 # Where computations run, and the type checks (re-exported: part of this API).
 from tff_fedrecgel.export_checks import AGGREGATION
 from tff_fedrecgel.export_checks import DEVICE
@@ -99,6 +101,8 @@ _DESCRIPTIONS = {
     '(persistent mode) and metrics out.',
     'federated_evaluation': 'Leave-one-out HR@K/NDCG@K; each device scores its '
     'own candidates with its own embedding, the server gets the mean.',
+    'federated_full_evaluation': 'Full-ranking HR@K/NDCG@K/MRR; each device ranks its '
+    'held-out item among every item it did not train on, the server gets the mean.',
     'client_update': 'The device\'s round: SAM gradients at the received '
     'global weights, local Adam step on the user embedding; returns the upload '
     '(update, weight, dropped, users, metrics) and the new device state.',
@@ -204,6 +208,7 @@ def _hyperparameters(
     server_optimizer: str,
     init_seed: int,
     top_ks: tuple[int, ...],
+    eval_protocols: tuple[str, ...],
 ) -> dict[str, Any]:
     model = dataclasses.asdict(model_config)
     model['mlp_layers'] = list(model_config.mlp_layers)
@@ -221,6 +226,7 @@ def _hyperparameters(
         'no_nan_division); weights per client_weighting, 0 for dropped clients',
         'init_seed': init_seed,
         'eval_top_ks': list(top_ks),
+        'eval_protocols': list(eval_protocols),
     }
 
 
@@ -231,7 +237,8 @@ def build_deployment(
     server_lr: float = algorithm_config.SERVER.learning_rate,
     server_optimizer: str = algorithm_config.SERVER.optimizer,
     init_seed: int = 0,
-    top_ks: tuple[int, ...] = ranking.TOP_KS,
+    top_ks: tuple[int, ...] = protocols.TOP_KS,
+    eval_protocols: tuple[str, ...] = (protocols.SAMPLED.name,),
 ) -> Deployment:
     """Builds every computation of a deployment, with the MapReduce forms.
 
@@ -241,7 +248,9 @@ def build_deployment(
       server_lr: The server optimizer's learning rate.
       server_optimizer: A name of `algorithm_config.SERVER_OPTIMIZERS`.
       init_seed: Seed of the initial global weights.
-      top_ks: Cut-offs of the federated evaluation.
+      top_ks: Cut-offs of the federated evaluations.
+      eval_protocols: Names of `evaluation.protocols.NAMES`: one federated
+        evaluation each (`Protocol.federated_name`).
 
     Returns:
       A `Deployment`.
@@ -249,6 +258,8 @@ def build_deployment(
     Raises:
       RuntimeError: If a server-visible type carries user-local weights (a
         privacy invariant of the algorithm; never expected).
+      ValueError: On an unknown protocol, or full ranking with rebuilt
+        embeddings (no such federated computation).
       tff.backends.mapreduce compilation errors: if the round does not fit the
         forms.
     """
@@ -258,23 +269,26 @@ def build_deployment(
             model_config, work, single_user=True),
         server_optimizer=fedrecgel.build_server_optimizer(server_lr, server_optimizer),
         init_seed=init_seed)
-    if work.local_state == 'persistent':
-        federated_eval = evaluation.build_federated_evaluation(
-            model_config, top_ks=top_ks
-        )
-    else:
-        federated_eval = evaluation.build_federated_reconstruction_evaluation(
-            model_config, work, top_ks=top_ks
-        )
+    evaluations = collections.OrderedDict()
+    for protocol in map(protocols.get, eval_protocols):
+        if work.local_state == 'persistent':
+            evaluations[protocol.federated_name] = protocol.build_federated_evaluation(
+                model_config, top_ks=top_ks)
+        elif protocol is protocols.SAMPLED:
+            evaluations[protocol.federated_name] = (
+                reconstruction.build_federated_reconstruction_evaluation(
+                    model_config, work, top_ks=top_ks))
+        else:
+            raise ValueError(f'no federated {protocol.name} evaluation rebuilds embeddings '
+                             'first (local_state=reconstruct)')
     mapreduce_round = build_mapreduce_round(pieces)
     mrf = tff.backends.mapreduce.get_map_reduce_form_for_computation(mapreduce_round)
     daf = tff.backends.mapreduce.get_distribute_aggregate_form_for_computation(
-        mapreduce_round
-    )
+        mapreduce_round)
     computations = collections.OrderedDict(
         initialize=pieces.process.initialize,
         next=pieces.process.next,
-        federated_evaluation=federated_eval,
+        **evaluations,
         client_update=pieces.client_work,
         server_update=pieces.server_update,
         distributor_next=pieces.distributor.next,
@@ -282,17 +296,14 @@ def build_deployment(
         aggregator_next=pieces.aggregator.next,
         finalizer_next=pieces.finalizer.next,
         mapreduce_round=mapreduce_round,
-        mapreduce_initialize=(
-            tff.backends.mapreduce.get_state_initialization_computation(
-                pieces.process.initialize
-            )
-        ),
+        mapreduce_initialize=tff.backends.mapreduce.get_state_initialization_computation(
+            pieces.process.initialize),
     )
     runs_on = {
         # Its result is SERVER-placed and it takes no argument: server only.
         'initialize': SERVER,
         'next': FEDERATED,
-        'federated_evaluation': FEDERATED,
+        **dict.fromkeys(evaluations, FEDERATED),
         'client_update': DEVICE,
         'server_update': SERVER,
         # The round's four parts, each a process (`fedrecgel.RoundPieces`).
@@ -339,7 +350,7 @@ def build_deployment(
         hyperparameters=_hyperparameters(
             model_config, work, server_lr=server_lr, server_optimizer=server_optimizer,
             init_seed=init_seed,
-            top_ks=tuple(top_ks),
+            top_ks=tuple(top_ks), eval_protocols=tuple(eval_protocols),
         ),
         traffic=traffic,
     )

@@ -11,8 +11,9 @@ Whose embedding:
 * a training user with a stored embedding: that row;
 * a training user without one (or a user the run held out of training):
   rebuilt from its training interactions exactly as the simulation rebuilds
-  it for evaluation (its batch of round 0, `evaluation.reconstruct_local_tables`
-  with the run's reconstruction settings);
+  it for evaluation (its batch of round 0,
+  `evaluation.reconstruction.reconstruct_local_tables` with the run's
+  reconstruction settings);
 * a new user: rebuilt the same way from the items given, with negatives drawn
   as for a training user (`FederatedTrainData.round_batch`).
 """
@@ -27,7 +28,6 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tff_fedrecgel import evaluation
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.data.client_data import Batch
 from tff_fedrecgel.data.client_data import DEFAULT_NUM_NEGATIVES
@@ -36,6 +36,7 @@ from tff_fedrecgel.data.client_data import user_uniforms
 from tff_fedrecgel.data.id_maps import IdMap
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.errors import DataError
+from tff_fedrecgel.evaluation import reconstruction as rebuilding
 from tff_fedrecgel.models import neumf
 from tff_fedrecgel.simulation.driver import EVAL_ROUND
 
@@ -178,7 +179,7 @@ class TrainedModel:
         return self._rebuild_many([batch])
 
     def _rebuild_many(self, batches: Sequence[Batch]) -> list[np.ndarray]:
-        return evaluation.reconstruct_local_tables(
+        return rebuilding.reconstruct_local_tables(
             self.model_config, self.reconstruction, self.global_weights, batches)
 
     def user_embedding(self, user_id: Any) -> UserEmbedding:
@@ -221,7 +222,8 @@ class TrainedModel:
         """Every user's embedding, as `user_embedding` gives it.
 
         Stored rows where users keep one; the others rebuilt together from
-        their round-0 batches (`evaluation.reconstruct_local_tables`, as the
+        their round-0 batches
+        (`evaluation.reconstruction.reconstruct_local_tables`, as the
         simulation evaluates them).
 
         Returns:

@@ -25,12 +25,14 @@ from tff_fedrecgel import setting_checks
 from tff_fedrecgel import sizes
 from tff_fedrecgel import tasks
 from tff_fedrecgel.data import batching
+from tff_fedrecgel.evaluation import protocols
 from tff_fedrecgel.errors import DataError
 from tff_fedrecgel.errors import SettingError
 
 SIMULATIONS = ('auto', 'vectorized', 'per_user')
 PRESETS = recipes.PRESETS
-EVAL_PROTOCOLS = ('sampled', 'full', 'both')
+# `--eval_protocol`'s choices: the evaluation package's.
+EVAL_PROTOCOLS = protocols.CHOICES
 USER_STATE_STORES = ('memory', 'disk')
 _WORK = algorithm_config.CLIENT_WORK
 _SERVER = algorithm_config.SERVER
@@ -124,7 +126,7 @@ class Settings:
       loss_reduction: 'chunk_sum' or 'mean'.
       update: 'gradient' or 'model_delta' (then `local_epochs`, `client_lr`).
       client_weighting: 'uniform' or 'num_examples'.
-      eval_protocol: 'sampled', 'full' or 'both'.
+      eval_protocol: A name of `EVAL_PROTOCOLS`: 'sampled', 'full' or 'both'.
       eval_users: Evaluate a fixed random sample of this many users (the
         same every round, method and seed) and report standard errors;
         None: every user (`eval_sample`).
@@ -173,7 +175,7 @@ class Settings:
     local_epochs: int = _WORK.local_epochs
     client_lr: float = _WORK.client_lr
     client_weighting: str = _WORK.client_weighting
-    eval_protocol: str = 'sampled'
+    eval_protocol: str = protocols.SAMPLED.name
     eval_users: int | None = None
     rounds_per_eval: int = 1
     rounds_per_full_eval: int | None = None
@@ -228,7 +230,7 @@ class Settings:
             raise SettingError('top_ks', f'must include {sizes.SELECT_K} (rounds are selected '
                                f'on HR@{sizes.SELECT_K})', ','.join(map(str, self.top_ks)))
         object.__setattr__(self, 'top_ks', tuple(sorted(set(self.top_ks))))
-        if self.eval_protocol != 'full' and max(self.top_ks) > self.eval_negatives + 1:
+        if protocols.SAMPLED in protocols.selected(self.eval_protocol) and max(self.top_ks) > self.eval_negatives + 1:
             raise SettingError('top_ks', f'must be <= {self.eval_negatives + 1} each (the '
                                'sampled protocol ranks the item among eval_negatives)',
                                ','.join(map(str, self.top_ks)))
@@ -295,7 +297,8 @@ class Settings:
     def split_negatives(self) -> int:
         """Sampled evaluation negatives the split draws (0 under full ranking
         alone: a catalog smaller than `eval_negatives` then works)."""
-        return 0 if self.eval_protocol == 'full' else self.eval_negatives
+        sampled = protocols.SAMPLED in protocols.selected(self.eval_protocol)
+        return self.eval_negatives if sampled else 0
 
     def model_sizes(self) -> dict[str, Any]:
         """The `sizes.ModelConfig` fields these settings give (not `num_items`)."""

@@ -36,6 +36,7 @@ from tff_fedrecgel import recipes
 from tff_fedrecgel import run_settings
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.errors import DataError
+from tff_fedrecgel.evaluation import protocols
 
 STUDY_FILE = 'study.db'
 STUDY_NAME = 'tune'
@@ -192,7 +193,8 @@ class TuneConfig:
 
     @property
     def eval_protocol(self) -> str:
-        return 'both' if self.objective.startswith('valid_full/') else 'sampled'
+        full = self.objective.startswith(protocols.FULL.group('valid') + '/')
+        return protocols.BOTH if full else protocols.SAMPLED.name
 
 
 def _open_study(root: pathlib.Path, seed: int) -> optuna.Study:

@@ -21,6 +21,7 @@ from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel import tuning
 from tff_fedrecgel.data.preprocess import Split
+from tff_fedrecgel.evaluation import protocols
 
 FLOOR_DIR, CEILING_DIR = 'floor', 'ceiling'
 FLOOR, CEILING = methods.ITEMPOP, methods.CENTRAL
@@ -29,7 +30,8 @@ FLOOR, CEILING = methods.ITEMPOP, methods.CENTRAL
 # search with fewer rounds per trial gives its ceiling as few.
 CEILING_EPOCHS = 30
 # (summary selection, its test group, protocol label), sampled first.
-_SELECTIONS = (('valid', 'test', 'sampled'), ('valid_full', 'test_full', 'full'))
+_SELECTIONS = tuple((p.group('valid'), p.group('test'), p.name)
+                    for p in protocols.PROTOCOLS.values())
 
 
 def _shared(base: Mapping[str, Any], algorithm: str) -> dict[str, Any]:

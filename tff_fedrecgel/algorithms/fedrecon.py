@@ -18,7 +18,8 @@ the unweighted mean with Adam, as FedRecGEL does.
 A client's data is one batch: its training positives with freshly sampled
 negatives (`train_dataset`). For evaluation (`eval_dataset`) a second batch
 holds the held-out item and its negatives; the first reconstructs, the second
-is ranked by `RankMetric`.
+is ranked by the sampled protocol's Keras metrics
+(`evaluation.keras_metrics.RankMetric`).
 
 For simulation speed, `build_fedrecon_process(group_size=...)` lets one TFF
 client stand for a group of users (`group_train_dataset`), still through
@@ -32,53 +33,18 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedrecgel import algorithm_config
-from tff_fedrecgel import ranking
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.algorithms import local_training
 from tff_fedrecgel.algorithms import round_parts
+from tff_fedrecgel.evaluation import keras_metrics
+from tff_fedrecgel.evaluation import protocols
 from tff_fedrecgel.models import neumf
 
 _WORK = algorithm_config.CLIENT_WORK
 _SERVER = algorithm_config.SERVER
-
-
-class RankMetric(tf.keras.metrics.Metric):
-    """HR@K or NDCG@K of a batch whose first example is the held-out item.
-
-    Each `update_state` call ranks one batch of candidates (one user), with
-    ties counted against the held-out item as `ranking.ranking_metrics`
-    does; `result` is the mean over the batches seen. TFF sums the metric's
-    variables over clients before finalizing, so the federated result is the
-    mean over users, as in the project's other evaluations.
-    """
-
-    def __init__(self, k: int, kind: str = 'hr', name: str | None = None, **kwargs):
-        if kind not in ('hr', 'ndcg'):
-            raise ValueError(f"kind must be 'hr' or 'ndcg', got {kind!r}")
-        super().__init__(name=name or f'{kind}_at_{k}', **kwargs)
-        self.k, self.kind = int(k), kind
-        self.total = self.add_weight(name='total', initializer='zeros')
-        self.count = self.add_weight(name='count', initializer='zeros')
-
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        del y_true, sample_weight  # The held-out item is the first candidate.
-        scores = tf.reshape(tf.cast(y_pred, tf.float32), [1, -1])
-        value = ranking.ranking_metrics(scores, top_ks=(self.k,))[
-            f'{self.kind}@{self.k}']
-        self.total.assign_add(tf.reduce_sum(value))
-        self.count.assign_add(1.0)
-
-    def result(self):
-        return tf.math.divide_no_nan(self.total, self.count)
-
-    def get_config(self):
-        return {**super().get_config(), 'k': self.k, 'kind': self.kind}
-
-
-def rank_metrics(top_ks=ranking.TOP_KS) -> list[RankMetric]:
-    """HR@K and NDCG@K metrics for each K, named `hr_at_k` and `ndcg_at_k`
-    (TFF refuses `@` in metric names)."""
-    return [RankMetric(k, kind) for k in top_ks for kind in ('hr', 'ndcg')]
+# The sampled protocol's Keras metrics (re-exported: part of this module's API).
+RankMetric = keras_metrics.RankMetric
+rank_metrics = keras_metrics.rank_metrics
 
 
 def train_dataset(items: np.ndarray, labels: np.ndarray) -> tf.data.Dataset:
@@ -277,7 +243,7 @@ def build_fedrecon_evaluation(
     model_config: neumf.ModelConfig,
     reconstruction_steps: int = _WORK.reconstruction_steps,
     local_lr: float = _WORK.local_lr,
-    top_ks=ranking.TOP_KS,
+    top_ks=protocols.TOP_KS,
 ) -> tff.learning.templates.LearningProcess:
     """FedRecon evaluation through `tff.learning.algorithms.build_fed_recon_eval`.
 
@@ -305,7 +271,7 @@ def build_fedrecon_evaluation(
     return tff.learning.algorithms.build_fed_recon_eval(
         model_fn=_model_fn(model_config, None),
         loss_fn=_loss_fn,
-        metrics_fn=lambda: rank_metrics(top_ks),
+        metrics_fn=lambda: protocols.SAMPLED.keras_metrics(top_ks),
         reconstruction_optimizer_fn=_reconstruction_optimizer(local_lr),
         dataset_split_fn=lambda data: (
             data.take(1).repeat(reconstruction_steps), data.skip(1)),

@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from tff_fedrecgel import eval_sample
-from tff_fedrecgel import ranking
 from tff_fedrecgel import sizes
+from tff_fedrecgel.evaluation import eval_sample
+from tff_fedrecgel.evaluation import protocols as protocols_lib
 
-PROTOCOLS = ('sampled', 'full', 'both')
+# `--eval_protocol`'s choices (the protocols', and 'both').
+PROTOCOLS = protocols_lib.CHOICES
 SELECT_ON = f'hr@{sizes.SELECT_K}'
-_SUFFIX = {'sampled': '', 'full': '_full'}
 # The training metrics' group; released before the evaluation groups.
 TRAIN_GROUP = 'train'
 
@@ -49,7 +49,7 @@ class Group:
     name: str
     which: str      # 'test' or 'valid'
     heldout: bool   # The held-out users instead of the training users.
-    protocol: str   # 'sampled' or 'full'
+    protocol: str   # A name of `evaluation.protocols.NAMES`.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +57,7 @@ class EvaluationPlan:
     """The evaluation schedule of a run.
 
     Attributes:
-      protocol: 'sampled', 'full' or 'both'.
+      protocol: A name of `PROTOCOLS` ('sampled', 'full' or 'both').
       rounds_per_eval: Sampled evaluation every this many rounds (and at the
         last round).
       rounds_per_full_eval: Full-ranking evaluation every this many rounds
@@ -70,7 +70,7 @@ class EvaluationPlan:
       top_ks: Cut-offs K of the evaluations (HR@K, NDCG@K).
     """
 
-    protocol: str = 'sampled'
+    protocol: str = protocols_lib.SAMPLED.name
     rounds_per_eval: int = 1
     rounds_per_full_eval: int | None = None
     validation: bool = False
@@ -79,31 +79,29 @@ class EvaluationPlan:
     top_ks: tuple[int, ...] = sizes.TOP_KS
 
     def __post_init__(self):
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f'eval protocol must be one of {PROTOCOLS}, got '
-                             f'{self.protocol!r}')
+        protocols_lib.selected(self.protocol)  # Raises on an unknown name.
         if self.rounds_per_eval < 1 or (self.rounds_per_full_eval is not None
                                         and self.rounds_per_full_eval < 1):
             raise ValueError('rounds_per_eval and rounds_per_full_eval must be >= 1')
 
     @property
     def protocols(self) -> tuple[str, ...]:
-        return ('sampled', 'full') if self.protocol == 'both' else (self.protocol,)
+        return tuple(p.name for p in protocols_lib.selected(self.protocol))
 
     def due(self, protocol: str, round_num: int, total_rounds: int) -> bool:
         """Whether `protocol` is evaluated at `round_num`."""
-        every = self.rounds_per_eval if protocol == 'sampled' else (
+        every = self.rounds_per_eval if protocol != protocols_lib.FULL.name else (
             self.rounds_per_full_eval or self.rounds_per_eval)
         return round_num % every == 0 or round_num == total_rounds
 
     def groups(self, protocol: str) -> list[Group]:
         """The metric groups of one protocol, in release order."""
-        suffix = _SUFFIX[protocol]
-        groups = [Group('test' + suffix, 'test', False, protocol)]
+        group = protocols_lib.get(protocol).group
+        groups = [Group(group('test'), 'test', False, protocol)]
         if self.validation:
-            groups.append(Group('valid' + suffix, 'valid', False, protocol))
+            groups.append(Group(group('valid'), 'valid', False, protocol))
         if self.heldout:
-            groups.append(Group('heldout' + suffix, 'test', True, protocol))
+            groups.append(Group(group('heldout'), 'test', True, protocol))
         return groups
 
     def group_names(self) -> list[str]:
@@ -115,7 +113,7 @@ class EvaluationPlan:
         """Flattened metric names (`test/hr@10`, `eval_seconds`) in reading
         order: by group (`group_names`; other groups after them, then
         top-level names such as `eval_seconds`); within a group the ranking
-        metrics as `ranking.metric_names` orders their kinds (HR, NDCG, MRR),
+        metrics as `protocols.metric_names` orders their kinds (HR, NDCG, MRR),
         each in natural order (hr@5, hr@10, hr@15, hr@20), other names after
         them in natural order.
 
@@ -127,7 +125,7 @@ class EvaluationPlan:
         """
         known = self.group_names()
         kinds = list(dict.fromkeys(
-            n.split('@')[0] for n in ranking.metric_names(mrr=True)))
+            n.split('@')[0] for n in protocols_lib.metric_names(mrr=True)))
 
         def key(name: str) -> tuple:
             group, _, metric = name.rpartition('/')
@@ -142,16 +140,16 @@ class EvaluationPlan:
 
     def metric_names(self, protocol: str) -> list[str]:
         """Metrics of a group: HR@K, NDCG@K, and MRR under full ranking."""
-        return ranking.metric_names(self.top_ks, mrr=protocol == 'full')
+        return protocols_lib.get(protocol).metric_names(self.top_ks)
 
     def selections(self) -> list[tuple[str, str, str]]:
         """`(name, protocol, group selected on)` of every round selection."""
         out = []
         for protocol in self.protocols:
-            suffix = _SUFFIX[protocol]
-            out.append(('test' + suffix, protocol, 'test' + suffix))
+            group = protocols_lib.get(protocol).group
+            out.append((group('test'), protocol, group('test')))
             if self.validation:
-                out.append(('valid' + suffix, protocol, 'valid' + suffix))
+                out.append((group('valid'), protocol, group('valid')))
         return out
 
     @property
@@ -161,7 +159,9 @@ class EvaluationPlan:
         protocol to trust); None without a validation item."""
         if not self.validation:
             return None
-        return 'valid_full' if 'full' in self.protocols else 'valid'
+        served = protocols_lib.FULL if protocols_lib.FULL.name in self.protocols else (
+            protocols_lib.SAMPLED)
+        return served.group('valid')
 
     def _recorded(self, protocol: str) -> list[str]:
         """The `group/metric` keys a selection of `protocol` records."""
@@ -200,8 +200,7 @@ class EvaluationPlan:
     def _protocol_selection(self, protocol: str) -> str:
         """The selection that stands for a protocol: on its validation item
         when there is one, else on its test item."""
-        suffix = _SUFFIX[protocol]
-        return ('valid' if self.validation else 'test') + suffix
+        return protocols_lib.get(protocol).group('valid' if self.validation else 'test')
 
     def dashboard_metrics(self) -> dict[str, str]:
         """Tag -> description of the metrics TensorBoard's hparams dashboard
@@ -212,7 +211,7 @@ class EvaluationPlan:
             name = self._protocol_selection(protocol)
             on = 'validation' if self.validation else 'test'
             for metric in ('hr@10', 'ndcg@10'):
-                group = 'test' + _SUFFIX[protocol]
+                group = protocols_lib.get(protocol).group('test')
                 out[f'selected/{group}/{metric}'] = (
                     f'{group}/{metric} at the round chosen on the {on} item\'s '
                     f'{SELECT_ON} ({name}; the step is that round).')
@@ -224,7 +223,7 @@ class EvaluationPlan:
         out = {}
         for tag, description in self.dashboard_metrics().items():
             _, group, metric = tag.split('/')
-            protocol = 'full' if group.endswith('_full') else 'sampled'
+            protocol = protocols_lib.of_group(group).name
             record = best[self._protocol_selection(protocol)]
             if int(record['round']) > 0:
                 out[tag] = (int(record['round']), float(record[f'{group}/{metric}']),
@@ -236,15 +235,15 @@ class EvaluationPlan:
         chosen on the validation item (the served one), or without one, at
         the best test round, labelled as the paper's test-selected figure."""
         name = self.served_selection or self.selections()[0][0]
-        protocol = 'full' if name.endswith('_full') else 'sampled'
+        protocol = protocols_lib.of_group(name)
         record = best[name]
-        suffix = _SUFFIX[protocol]
+        suffix = protocol.suffix
         label = ('chosen on the validation item' if self.served_selection
                  else 'chosen on the test item (the paper\'s test-selected figure)')
         shown = ('hr@10', 'ndcg@10')
         if self.stderr:
             shown += tuple(m + eval_sample.STDERR_SUFFIX for m in shown)
-        return {'selection': name, 'protocol': protocol, 'round': int(record['round']),
+        return {'selection': name, 'protocol': protocol.name, 'round': int(record['round']),
                 'chosen': label,
                 **{f'test{suffix}/{m}': float(record[f'test{suffix}/{m}'])
                    for m in shown}}
@@ -264,7 +263,7 @@ class EvaluationPlan:
             selections[name] = {'round': int(record['round']),
                                 **{k: float(record[k]) for k in self._recorded(protocol)}}
             prefix = 'best' if name.startswith('test') else 'best_valid'
-            suffix = _SUFFIX[protocol]
+            suffix = protocols_lib.get(protocol).suffix
             out[f'{prefix}{suffix}_round'] = int(record['round'])
             for metric in ('hr@10', 'ndcg@10'):
                 out[f'{prefix}{suffix}_test{suffix}_{metric}'] = float(

@@ -35,6 +35,7 @@ import tree
 from tensorflow.python.ops import summary_ops_v2  # pylint: disable=g-direct-tensorflow-import
 
 from tff_fedrecgel.data.preprocess import Split
+from tff_fedrecgel.evaluation import protocols
 
 
 # Released metrics that count or time the round rather than measure the
@@ -75,11 +76,6 @@ _HELD_OUT = {
     'heldout': ('the test item of the users never trained on, their embedding '
                 'rebuilt from their own data'),
 }
-_CANDIDATES = {
-    'sampled': ('against its sampled negatives (eval_negatives of them; the paper\'s '
-                'protocol with 99)'),
-    'full': 'against every item the user did not train on (full ranking)',
-}
 _RANKING = {
     'hr': 'HR@{k}: the share of users whose held-out item ranks in the top {k}',
     'ndcg': ('NDCG@{k}: the mean over users of 1 / log2(rank + 2) when the held-out '
@@ -108,12 +104,12 @@ def scalar_tag(name: str) -> tuple[str, str]:
         if metric.startswith('aggregation/'):
             return name, f'A measurement of the aggregator: {metric[12:]}.'
         return name, f'Training metric {metric}.'
-    base, full, rest = group.partition('_full')
+    protocol = protocols.of_group(group)
+    base = group[:len(group) - len(protocol.suffix)] if protocol.suffix else group
     kind, _, k = metric.partition('@')
-    if base in _HELD_OUT and kind in _RANKING and not rest:
-        where = _CANDIDATES['full' if full else 'sampled']
-        return name, (f'{_RANKING[kind].format(k=k)}; {_HELD_OUT[base]} ranked {where}, '
-                      'ties counted against it.')
+    if base in _HELD_OUT and kind in _RANKING:
+        return name, (f'{_RANKING[kind].format(k=k)}; {_HELD_OUT[base]} ranked '
+                      f'{protocol.candidates}, ties counted against it.')
     return name, f'{name}, as released by the run.'
 
 

@@ -52,6 +52,7 @@ from tensorboard.plugins.hparams import api as hparams_api
 from tff_fedrecgel import run_settings
 from tff_fedrecgel.program import outputs
 from tff_fedrecgel.errors import DataError
+from tff_fedrecgel.evaluation import protocols
 
 # The order of the settings in the dashboard (before the others, sorted).
 KEY_HPARAMS = ('algorithm', 'task', 'seed', 'local_lr', 'server_lr', 'rho_sh', 'rho_ns',
@@ -70,7 +71,7 @@ def metric_display_name(tag: str) -> str:
     parts = tag.split('/')
     if parts[0] == 'selected' and len(parts) == 3:
         metric, _, k = parts[2].partition('@')
-        protocol = 'full' if parts[1].endswith('_full') else 'sampled'
+        protocol = protocols.of_group(parts[1]).name
         return f'{metric.upper()}@{k} {protocol}' if k else f'{metric} {protocol}'
     split, _, name = tag.partition('/')
     metric, at, k = name.partition('@')

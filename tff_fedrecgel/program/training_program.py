@@ -46,6 +46,7 @@ import tensorflow_federated as tff
 from tff_fedrecgel import runtime
 from tff_fedrecgel.models import neumf
 from tff_fedrecgel.data import split_io
+from tff_fedrecgel.evaluation import protocols
 from tff_fedrecgel.program import progress as progress_lib
 from tff_fedrecgel.program import run_record
 from tff_fedrecgel.program.metrics_log import MetricsLog
@@ -233,7 +234,7 @@ def run_training(
     rounds_per_checkpoint: int = 10,
     hparams: Mapping[str, Any] | None = None,
     validation: bool = False,
-    eval_protocol: str = 'sampled',
+    eval_protocol: str = protocols.SAMPLED.name,
     rounds_per_full_eval: int | None = None,
     progress: bool = True,
     on_round_end: Callable[[int, Mapping[str, float]], None] | None = None,

@@ -7,7 +7,10 @@ pipe to its end hung on it. `LocalRuntime` owns the worker instead:
 
 * it starts `worker_binary --port=N` itself, with a parent-death signal
   (Linux `prctl(PR_SET_PDEATHSIG, SIGKILL)`), so the kernel kills the worker
-  whenever this process ends, SIGKILL included;
+  whenever this process ends, SIGKILL included. util-linux's `setpriv` sets
+  it where installed, so no Python code runs in the forked child (a
+  `preexec_fn` there can crash while other threads hold locks); the
+  `preexec_fn` is the fallback;
 * the worker runs in its own process group, so a terminal's Ctrl-C reaches
   only this process, which then stops the worker in order;
 * it installs a TFF execution context on that worker, the same stack as TFF's
@@ -29,6 +32,7 @@ import contextlib
 import ctypes
 import gc
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -181,7 +185,11 @@ class LocalRuntime:
 
     def _spawn_from_owner_thread(self, args: list[str]) -> subprocess.Popen:
         """Forks the worker from a thread that lives until `stop`."""
-        preexec = _parent_death_preexec()
+        setpriv = shutil.which('setpriv')
+        if setpriv:
+            args, preexec = [setpriv, '--pdeathsig', 'KILL', '--', *args], None
+        else:
+            preexec = _parent_death_preexec()
         release = threading.Event()
         result = {}
         started = threading.Event()

@@ -22,16 +22,15 @@ from typing import Any, Protocol
 import numpy as np
 import tensorflow_federated as tff
 
-from tff_fedrecgel import eval_sample
-from tff_fedrecgel import evaluation
-from tff_fedrecgel import full_ranking
-from tff_fedrecgel import ranking
 from tff_fedrecgel import sizes
 from tff_fedrecgel.algorithms import client_update
 from tff_fedrecgel.data.client_data import Batch
 from tff_fedrecgel.data.client_data import FederatedTrainData
 from tff_fedrecgel.data.client_data import heldout_users_for
 from tff_fedrecgel.data.preprocess import Split
+from tff_fedrecgel.evaluation import eval_sample
+from tff_fedrecgel.evaluation import protocols
+from tff_fedrecgel.evaluation import reconstruction
 from tff_fedrecgel.models import neumf
 
 # Users who rebuild their embedding for evaluation draw their batches as
@@ -152,7 +151,7 @@ class Simulation:
         self.seed = seed
         self.num_negatives = num_negatives
         self.eval_users = eval_users
-        self.top_ks = ranking.check_top_ks(top_ks)
+        self.top_ks = protocols.check_top_ks(top_ks)
         self.train_data = FederatedTrainData.from_split(split)
         population = (range(split.num_users) if not len(self.heldout_users)
                       else self.train_users.tolist())
@@ -198,7 +197,7 @@ class Simulation:
     def _rebuild(self, key: str, users: np.ndarray) -> list[np.ndarray]:
         """`users`' embeddings rebuilt from their training data, kept for the round."""
         if key not in self._rebuilt or self._rebuilt[key][0] != self.round_num:
-            self._rebuilt[key] = (self.round_num, evaluation.reconstruct_local_tables(
+            self._rebuilt[key] = (self.round_num, reconstruction.reconstruct_local_tables(
                 self.algorithm.model_config, self.algorithm.reconstruction,
                 self.global_weights, self.batches(users, EVAL_ROUND)))
         return self._rebuilt[key][1]
@@ -256,15 +255,16 @@ class Simulation:
         return tables
 
     def evaluate(self, which: str = 'test', *, heldout: bool = False,
-                 protocol: str = 'sampled') -> dict[str, float]:
+                 protocol: str = protocols.SAMPLED.name) -> dict[str, float]:
         """Ranking metrics of the training (or held-out) users' `which` items.
 
         Args:
           which: 'test' or 'valid'.
           heldout: Evaluate the held-out users instead of the training users.
-          protocol: 'sampled': the item among its sampled negatives (HR@K,
-            NDCG@K; the paper's protocol); 'full': among every item the user
-            did not train on (HR@K, NDCG@K, MRR).
+          protocol: A name of `evaluation.protocols.NAMES`: 'sampled', the
+            item among its sampled negatives (HR@K, NDCG@K; the paper's
+            protocol); 'full', among every item the user did not train on
+            (HR@K, NDCG@K, MRR).
 
         Returns:
           Means over the users (the fast batched paths); with `eval_users`
@@ -277,53 +277,36 @@ class Simulation:
         """
         if heldout and not len(self.heldout_users):
             raise ValueError('this simulation holds no users out')
-        if protocol not in ('sampled', 'full'):
-            raise ValueError(f"protocol must be 'sampled' or 'full', got {protocol!r}")
+        ranker = protocols.get(protocol)
         users, positions = self.evaluated_users(heldout=heldout)
         sample_of = None if positions is None else len(
             self.heldout_users if heldout else self.train_users)
         if getattr(self.algorithm, 'score_items', None) is not None:
-            return self._evaluate_personal(which, users, heldout=heldout, protocol=protocol,
+            return self._evaluate_personal(which, users, heldout=heldout, protocol=ranker,
                                            sample_of=sample_of)
-        scores = self.algorithm.item_scores
-        if protocol == 'sampled':
-            candidates = self.split.candidates(which, users)
-            if scores is not None:
-                return dict(evaluation.evaluate_item_scores(
-                    scores, candidates, top_ks=self.top_ks, sample_of=sample_of))
-            metrics = evaluation.evaluate_users(
-                self.algorithm.model_config, self.global_weights,
-                self._evaluation_tables(heldout, users, positions), candidates,
-                top_ks=self.top_ks, sample_of=sample_of)
+        held_out = ranker.held_out(self.split, self.train_data, which, users)
+        if self.algorithm.item_scores is not None:
+            metrics = ranker.evaluate_item_scores(self.algorithm.item_scores, held_out,
+                                                  top_ks=self.top_ks, sample_of=sample_of)
         else:
-            targets = self.split.candidates(which, users)[:, 0]
-            csr = self.train_data.csr(users)
-            if scores is not None:
-                metrics = full_ranking.evaluate_item_scores(
-                    scores, targets, csr, top_ks=self.top_ks, sample_of=sample_of)
-            else:
-                metrics = full_ranking.evaluate_full(
-                    self.algorithm.model_config, self.global_weights,
-                    self._evaluation_tables(heldout, users, positions), targets, csr,
-                    top_ks=self.top_ks, sample_of=sample_of)
+            metrics = ranker.evaluate_model(
+                self.algorithm.model_config, self.global_weights,
+                self._evaluation_tables(heldout, users, positions), held_out,
+                top_ks=self.top_ks, sample_of=sample_of)
         return {k: float(v) for k, v in metrics.items()}
 
     def _evaluate_personal(self, which: str, users: np.ndarray, *, heldout: bool,
-                           protocol: str, sample_of: int | None) -> dict[str, float]:
+                           protocol: protocols.Protocol,
+                           sample_of: int | None) -> dict[str, float]:
         """`evaluate` for an algorithm whose users score with their own models."""
         per_user = collections.defaultdict(list)
         for start in range(0, len(users), PERSONAL_SCORE_USERS):
             chunk = users[start:start + PERSONAL_SCORE_USERS]
             scores = self.algorithm.score_items(
                 chunk, self.batches(chunk, EVAL_ROUND) if heldout else None)
-            candidates = self.split.candidates(which, chunk)
-            if protocol == 'sampled':
-                metrics = ranking.ranking_metrics(
-                    np.take_along_axis(scores, candidates, axis=1))
-            else:
-                ranks = full_ranking.ranks_from_scores(
-                    scores, candidates[:, 0], self.train_data.csr(chunk))
-                metrics = ranking.metrics_from_ranks(ranks, mrr=True)
+            metrics = protocol.user_metrics(
+                scores, protocol.held_out(self.split, self.train_data, which, chunk),
+                top_ks=self.top_ks)
             for key, values in metrics.items():
                 per_user[key].append(np.asarray(values))
         return {k: float(v) for k, v in eval_sample.summarize(
