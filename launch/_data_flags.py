@@ -18,6 +18,11 @@ VALIDATION = flags.DEFINE_bool(
     "Also hold out each user's second-latest interaction as validation "
     '(for honest model selection; training then excludes it).')
 
+CACHE_DIR = flags.DEFINE_string(
+    'cache_dir', None,
+    'Reuse (or write) the prepared split in this folder (as prepare_data.py '
+    '--output_dir): a run, or a resumed one, then skips the preparation.')
+
 NUM_USERS = flags.DEFINE_integer('num_users', None,
                                  'synthetic: number of users (default 500).')
 NUM_ITEMS = flags.DEFINE_integer('num_items', None,
