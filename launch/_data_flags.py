@@ -20,8 +20,9 @@ VALIDATION = flags.DEFINE_bool(
 
 CACHE_DIR = flags.DEFINE_string(
     'cache_dir', None,
-    'Reuse (or write) the prepared split in this folder (as prepare_data.py '
-    '--output_dir): a run, or a resumed one, then skips the preparation.')
+    'train.py, benchmark.py: reuse (or write) the prepared split in this folder '
+    '(as prepare_data.py --output_dir), so that a run, or a resumed one, skips '
+    'the preparation. Other commands ignore it.')
 
 NUM_USERS = flags.DEFINE_integer('num_users', None,
                                  'synthetic: number of users (default 500).')
