@@ -18,6 +18,12 @@ VALIDATION = flags.DEFINE_bool(
     "Also hold out each user's second-latest interaction as validation "
     '(for honest model selection; training then excludes it).')
 
+CACHE_DIR = flags.DEFINE_string(
+    'cache_dir', None,
+    'train.py, benchmark.py: reuse (or write) the prepared split in this folder '
+    '(as prepare_data.py --output_dir), so that a run, or a resumed one, skips '
+    'the preparation. Other commands ignore it.')
+
 NUM_USERS = flags.DEFINE_integer('num_users', None,
                                  'synthetic: number of users (default 500).')
 NUM_ITEMS = flags.DEFINE_integer('num_items', None,

@@ -73,8 +73,6 @@ _CLIENTS_PER_ROUND = flags.DEFINE_list(
     'clients_per_round', None,
     'Cohort size (default: 10% of users); several, comma-separated, sweep '
     'them in one process.')
-_CACHE_DIR = flags.DEFINE_string(
-    'cache_dir', None, 'Reuse (or write) the prepared split here.')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds.')
 _WARMUP = flags.DEFINE_integer('warmup', 1, 'Untimed rounds first.')
 _RHO_SH = flags.DEFINE_float('rho_sh', None, 'Default: the task\'s.')
@@ -117,7 +115,7 @@ def main(argv: list[str]) -> int:
     task = tasks.get_task(_TASK.value)
     start = time.perf_counter()
     split = task.load_split(data_dir=_data_flags.DATA_DIR.value,
-                            cache_dir=_CACHE_DIR.value,
+                            cache_dir=_data_flags.CACHE_DIR.value,
                             **_data_flags.task_options(task))
     load_seconds = time.perf_counter() - start
     # Data preparation (pandas) has its own peak; measure the simulation's.

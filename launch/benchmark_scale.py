@@ -77,7 +77,8 @@ _PHASE = flags.DEFINE_enum('phase', None, ['generate', 'prepare', 'reload'],
 _NUM_USERS = flags.DEFINE_integer('num_users', 162_000, 'Synthetic users.', lower_bound=1)
 _NUM_ITEMS = flags.DEFINE_integer('num_items', 59_000, 'Synthetic items.', lower_bound=10)
 _MEAN_INTERACTIONS = flags.DEFINE_float(
-    'mean_interactions', 155.0, 'Mean interactions per synthetic user.')
+    'mean_interactions', 155.0, 'Mean interactions per synthetic user (train: the '
+    'synthetic task\'s default of 20 unless given).')
 _VALIDATION = flags.DEFINE_boolean('validation', False, 'Hold out a validation item too.')
 _WORKERS = flags.DEFINE_integer(
     'workers', None, 'Threads drawing the negatives (default: the usable cores, up to 4).',
@@ -206,8 +207,12 @@ def _train() -> int:
 
     _entry.tff_runtime()
     start = time.perf_counter()
+    # The synthetic default (20 per user) unless --mean_interactions is given.
+    extra = ({'mean_interactions': _MEAN_INTERACTIONS.value}
+             if flags.FLAGS['mean_interactions'].present else {})
     split = tasks.get_task('synthetic').load_split(
-        num_users=_NUM_USERS.value, num_items=_NUM_ITEMS.value, cache_dir=_CACHE_DIR.value)
+        num_users=_NUM_USERS.value, num_items=_NUM_ITEMS.value, cache_dir=_CACHE_DIR.value,
+        **extra)
     load_seconds = time.perf_counter() - start
     split_peak = _peak_rss_mb()
     folder = tempfile.mkdtemp(prefix='fedrecgel_store_', dir=_WORK_DIR.value)

@@ -163,6 +163,7 @@ def main(argv: list[str]) -> int:
 
     # Fail on bad data before the slow TF imports.
     split = task.load_split(data_dir=settings.data_dir, validation=settings.validation,
+                            cache_dir=_data_flags.CACHE_DIR.value,
                             eval_negatives=settings.split_negatives, **settings.data_options)
     profile = recipes.DataProfile.of(split)
     if recipes.needs_data(settings.preset):
