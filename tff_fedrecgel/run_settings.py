@@ -239,7 +239,8 @@ class Settings:
                 or self.local_state != 'persistent'):
             raise SettingError('user_state_store', f'{self.user_state_store!r} needs a method '
                                'that keeps each user\'s state (the FedRecGEL family, '
-                               'local_state=persistent)', self.user_state_store)
+                               'local_state=persistent)',
+                               f'algorithm {self.algorithm}, local_state {self.local_state}')
         if self.user_state_store == 'disk' and not self.rounds_per_checkpoint:
             raise SettingError('rounds_per_checkpoint', 'must be positive with '
                                'user_state_store=disk (its undo journal is trimmed at '
