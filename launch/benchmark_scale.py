@@ -236,8 +236,7 @@ def _train() -> int:
             start = time.perf_counter()
             sim.algorithm.client_states.checkpoint_state()
             marks.append(time.perf_counter() - start)
-        store_mb = sum(os.path.getsize(os.path.join(root, name)) for root, _, names in
-                       os.walk(folder) for name in names) / 2**20
+        store_mb = _folder_mb(folder)
         out = {'num_users': split.num_users, 'num_items': split.num_items,
                'clients_per_round': _CLIENTS.value, 'user_state_store': _STORE.value,
                'load_seconds': load_seconds, 'build_seconds': build_seconds,
@@ -256,6 +255,12 @@ def _train() -> int:
     print(json.dumps(out), flush=True)
     return 0
 
+
+
+def _folder_mb(folder: str) -> float:
+    """The apparent size of every file under `folder`, in MB."""
+    return sum(os.path.getsize(os.path.join(root, name))
+               for root, _, names in os.walk(folder) for name in names) / 2**20
 
 def _store() -> int:
     from tff_fedrecgel import sizes  # pylint: disable=g-import-not-at-top
@@ -281,8 +286,7 @@ def _store() -> int:
             start = time.perf_counter()
             table.checkpoint_state()
             steps['mark'].append(time.perf_counter() - start)
-        store_mb = sum(os.path.getsize(os.path.join(root, name)) for root, _, names in
-                       os.walk(folder) for name in names) / 2**20
+        store_mb = _folder_mb(folder)
         out = {'num_users': _NUM_USERS.value, 'clients_per_round': _CLIENTS.value,
                'create_seconds': create_seconds, **steps, 'store_mb': store_mb,
                'peak_rss_mb': _peak_rss_mb(), 'load_average': os.getloadavg()[0]}
