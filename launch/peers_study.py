@@ -25,6 +25,13 @@ PEER_SETTINGS = {
     # minibatches of 25, rho 0.1, the server adding the mean change (SGD at 1).
     'fedlesam': ('--local_epochs=5', '--client_lr=0.1', '--chunk_size=25', '--rho_sh=0.1',
                  '--server_optimizer=sgd', '--server_lr=1'),
+    # FedSAM and FedASAM train as FedLESAM's row does (their own radii,
+    # 0.05 and 0.7 with eta 0.2), so the three differ only in where the
+    # shared part's perturbation comes from.
+    'fedsam': ('--local_epochs=5', '--client_lr=0.1', '--chunk_size=25',
+               '--server_optimizer=sgd', '--server_lr=1'),
+    'fedasam': ('--local_epochs=5', '--client_lr=0.1', '--chunk_size=25',
+                '--server_optimizer=sgd', '--server_lr=1'),
     # FedGloSS's authors' CIFAR-10 command: 1 local epoch of SGD at 0.01 on
     # minibatches of 64, server SGD at 1, server rho 0.15.
     'fedgloss': ('--local_epochs=1', '--client_lr=0.01', '--chunk_size=64', '--rho_sh=0.15',

@@ -39,6 +39,7 @@ from absl import flags
 import numpy as np
 import pandas as pd
 
+from tff_fedrecgel.launch import _peers_report
 from tff_fedrecgel.launch import _recipe_report
 from tff_fedrecgel.launch import _report
 from tff_fedrecgel.launch import study
@@ -67,14 +68,18 @@ _TRANSFER_CSV = flags.DEFINE_string(
     'transfer_csv', 'docs/transfer_runs.csv',
     'Transfer study: every run\'s selected figures; rows whose run folders are '
     'gone are kept, so the tables can be rewritten without them.')
+_PEERS_CSV = flags.DEFINE_string(
+    'peers_csv', 'docs/peers_runs.csv',
+    'Peers study: every peer run\'s selected figures, kept as the transfer rows are.')
 _DATASETS_DIR = flags.DEFINE_string(
     'datasets_dir', None, 'Transfer study: the folder of the paper datasets (their '
     'profiles choose each recipe\'s negatives and the rule\'s branch).')
 _PLAN = flags.DEFINE_enum(
-    'plan', 'paper', ['paper', 'recipe', 'transfer'],
+    'plan', 'paper', ['paper', 'recipe', 'transfer', 'peers'],
     'Which study: the paper reproduction (the study-tables block), the recipe '
     'study (the recipe-tables block, recipe_hr10.png) or the transfer study '
-    '(the transfer-tables block; floor and ceiling from --runs_csv\'s recipe rows).')
+    '(the transfer-tables block; floor and ceiling from --runs_csv\'s recipe rows) '
+    'or the peers study (the peers-tables block; the same reference rows).')
 
 BEGIN, END = '<!-- study-tables:begin -->', '<!-- study-tables:end -->'
 TITLES, LABELS = _report.TITLES, _report.LABELS
@@ -380,6 +385,8 @@ def main(argv: list[str]) -> int:
         return _recipe(root)
     if _PLAN.value == 'transfer':
         return _transfer(root)
+    if _PLAN.value == 'peers':
+        return _peers(root)
     runs = study.collect(root)
     if runs.empty:
         raise DataError(f'no finished runs under {root}; run launch/run_study.py first')
@@ -452,6 +459,25 @@ def _transfer(root: pathlib.Path) -> int:
     _report.write_block(results, block, TRANSFER_BEGIN, TRANSFER_END)
     runs.to_csv(transfer_csv, index=False, float_format='%.6g')
     print(f'{len(runs)} runs: transfer tables in {results}, rows in {transfer_csv}')
+    return 0
+
+
+def _peers(root: pathlib.Path) -> int:
+    recipe_csv = pathlib.Path(_RUNS_CSV.value or 'docs/recipe_runs.csv')
+    if not recipe_csv.exists():
+        raise DataError(f'{recipe_csv}: the recipe study\'s rows are needed (the floor, '
+                        'the ceiling and FedRecGEL on the same splits)')
+    peers_csv = pathlib.Path(_PEERS_CSV.value)
+    peers = _peers_report.collect(root, peers_csv)
+    if peers.empty:
+        raise DataError(f'no finished runs under {root} nor in {peers_csv}; run '
+                        'launch/run_study.py --plan=peers first')
+    runs = _peers_report.combine(peers, pd.read_csv(recipe_csv))
+    results = pathlib.Path(_RESULTS.value)
+    _report.write_block(results, _peers_report.tables_block(runs),
+                        _peers_report.BEGIN, _peers_report.END)
+    peers.sort_values('name').to_csv(peers_csv, index=False, float_format='%.6g')
+    print(f'{len(peers)} peer runs: tables in {results}, rows in {peers_csv}')
     return 0
 
 

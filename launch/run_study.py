@@ -67,6 +67,8 @@ _FILMTRUST_SEEDS = flags.DEFINE_integer('filmtrust_seeds', 5, 'Seeds on FilmTrus
 _OTHER_SEEDS = flags.DEFINE_integer('other_seeds', 3, 'Seeds on the other datasets.')
 _ONLY = flags.DEFINE_string(
     'only', None, 'Run just the runs whose name contains this text.')
+_PEER_SEEDS = flags.DEFINE_integer(
+    'peer_seeds', peers_study.PEER_SEEDS, 'Seeds of each method in the peers plan.')
 _LIST = flags.DEFINE_bool('list', False, 'Print the plan and exit.')
 _PLAN = flags.DEFINE_enum(
     'plan', 'paper', ['paper', 'recipe', 'transfer', 'peers'],
@@ -76,7 +78,7 @@ _PLAN = flags.DEFINE_enum(
     'with a validation item, 10% held-out users and both protocols; transfer: '
     'candidate recipes on every dataset and a generated log, for the choice of '
     '--preset=auto by leaving one dataset out (launch/transfer_study.py); '
-    'peers: the peer recommenders (PFedRec, FedRAP) under their authors\' settings beside '
+    'peers: the peer recommenders and the federated SAM family under their authors\' settings beside '
     'the popularity floor, with a validation item, 10% held-out users and both '
     'protocols (--methods does not apply).')
 
@@ -91,14 +93,13 @@ def _plan(datasets_dir: pathlib.Path | None) -> list[study.Run]:
                             'dataset\'s profile')
         profiles = {d.key: transfer_study.profile_of(d, datasets_dir)
                     for d in transfer_study.DATASETS}
-        return [run for run in transfer_study.transfer_plan(profiles)
-                if not _ONLY.value or _ONLY.value in run.name]
+        return _only(transfer_study.transfer_plan(profiles))
     for name in _DATASETS.value:
         if name not in study.DATASETS:
             raise DataError(f'unknown dataset {name!r}; choose from {", ".join(study.DATASETS)}')
     if _PLAN.value == 'peers':
-        runs = peers_study.peers_plan(datasets=_DATASETS.value)
-        return [run for run in runs if not _ONLY.value or _ONLY.value in run.name]
+        return _only(peers_study.peers_plan(datasets=_DATASETS.value,
+                                            seeds=_PEER_SEEDS.value))
     for name in _METHODS.value:
         if name not in study.METHODS:
             raise DataError(f'unknown method {name!r}; choose from {", ".join(study.METHODS)}')
@@ -110,9 +111,11 @@ def _plan(datasets_dir: pathlib.Path | None) -> list[study.Run]:
                    'amazon_video': _OTHER_SEEDS.value},
             sweep_seeds=_SWEEP_SEEDS.value, methods=_METHODS.value,
             datasets=_DATASETS.value)
-    if _ONLY.value:
-        runs = [run for run in runs if _ONLY.value in run.name]
-    return runs
+    return _only(runs)
+
+
+def _only(runs: list[study.Run]) -> list[study.Run]:
+    return [run for run in runs if not _ONLY.value or _ONLY.value in run.name]
 
 
 class _Children:

@@ -47,6 +47,7 @@ from tff_fedrecgel.launch import _model_flags
 from tff_fedrecgel.launch import _ranking_flags
 from tff_fedrecgel.launch import _server_flags
 from tff_fedrecgel import methods
+from tff_fedrecgel import recipes
 from tff_fedrecgel import run_settings
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -78,6 +79,10 @@ _FRAME = flags.DEFINE_bool(
     'frame', True, 'After the search: item popularity (<folder>/floor) and the central '
     'model searched with the same trials and budget (<folder>/ceiling), and one table '
     'of the three at their validation-selected rounds.')
+_START_FROM_AUTO = flags.DEFINE_bool(
+    'start_from_auto', recipes.TUNER_STARTS_FROM_AUTO, 'A new search\'s first trial is '
+    'the --preset=auto recipe for this data (within the searched settings), so the '
+    'search starts from what an untuned run would use.')
 _ROOT_OUTPUT_DIR = flags.DEFINE_string(
     'root_output_dir', None, 'The tuning folder (default: runs/tune_<task>_<algorithm>).')
 
@@ -122,7 +127,7 @@ def main(argv: list[str]) -> int:
     config = tuning.TuneConfig.create(
         task.name, algorithm=method.name, space=_SPACE.value, fixed=fixed,
         objective=_OBJECTIVE.value, trials=_TRIALS.value, max_minutes=_MAX_MINUTES.value,
-        seed=algo.SEED.value)
+        seed=algo.SEED.value, start_from_auto=_START_FROM_AUTO.value)
     framed = _FRAME.value and method.name != tuning_frame.CEILING
     if framed:
         tuning_frame.ceiling_config(config)  # Checked now too.

@@ -15,6 +15,8 @@ from tff_fedrecgel.tasks import filmtrust
 from tff_fedrecgel.tasks import lastfm_2k
 from tff_fedrecgel.tasks import qb_article
 from tff_fedrecgel.tasks import synthetic
+from tff_fedrecgel.tasks.base import DEFAULT_CLIENT_FRACTION
+from tff_fedrecgel.tasks.base import DEFAULT_ROUNDS
 from tff_fedrecgel.tasks.base import PreparedSplit
 from tff_fedrecgel.tasks.base import Task
 from tff_fedrecgel.errors import DataError

@@ -18,6 +18,9 @@ from tff_fedrecgel.errors import DataError
 PathLike = Union[str, os.PathLike]
 
 # Bump when the preprocessing changes results, to invalidate cached splits.
+# A task's rounds and cohort fraction unless it says otherwise.
+DEFAULT_ROUNDS = 100
+DEFAULT_CLIENT_FRACTION = 0.1
 PROTOCOL_VERSION = 2  # 2: the authors' tie rule (first-appearing item wins).
 
 
@@ -66,8 +69,8 @@ class Task:
     raw_file: str | None
     rho_sh: float
     rho_ns: float
-    total_rounds: int = 100
-    client_fraction: float = 0.1
+    total_rounds: int = DEFAULT_ROUNDS
+    client_fraction: float = DEFAULT_CLIENT_FRACTION
     num_items: int | None = None
     description: str = ''
     reader: Callable[..., pd.DataFrame] | None = dataclasses.field(

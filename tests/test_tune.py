@@ -114,8 +114,28 @@ def test_the_space_leaves_out_what_a_method_cannot_use():
         tuning.TuneConfig(task='synthetic', objective='valid_full')
 
 
+def test_a_new_search_starts_from_the_auto_recipe():
+    from tff_fedrecgel import api
+    from tff_fedrecgel import recipes
+
+    split = api.prepare_data('synthetic', validation=True, num_users=80, num_items=400)
+    auto = recipes.auto_recipe(recipes.DataProfile.of(split))
+    config = tuning.TuneConfig.create('synthetic', fixed={'total_rounds': 2})
+    first = tuning.auto_trial(config, split)
+    # Every searched setting the recipe sets has its value; the others are the
+    # task's (what an untuned `--preset=auto` run uses).
+    assert {k: first[k] for k in auto} == auto
+    assert first == {d: getattr(api.settings('synthetic', preset=recipes.AUTO,
+                                             data_profile=recipes.DataProfile.of(split)), d)
+                     for d in first}
+    narrowed = tuning.TuneConfig.create('synthetic', space=['server_lr', 'rho_sh'])
+    assert tuning.auto_trial(narrowed, split) == {
+        'server_lr': auto['server_lr'], 'rho_sh': api.settings('synthetic').rho_sh}
+
+
 def test_api_tune_runs_the_same_search(tmp_path):
     from tff_fedrecgel import api
+    from tff_fedrecgel import recipes
 
     record = api.tune('synthetic', root=tmp_path / 'search', trials=1, space=['server_lr'],
                       data_options={'num_users': 80, 'num_items': 400}, total_rounds=1)
@@ -132,5 +152,9 @@ def test_api_tune_runs_the_same_search(tmp_path):
     assert popularity[4] == f'{floor["selections"]["valid_full"]["test_full/hr@10"]:.4f}'
     preset = json.loads((tmp_path / 'search' / tuning.BEST_PRESET).read_text())
     assert set(preset['settings']) == {'total_rounds', 'server_lr'}
+    # The one trial is the auto recipe's.
+    split = api.prepare_data('synthetic', validation=True, num_users=80, num_items=400)
+    auto = recipes.auto_recipe(recipes.DataProfile.of(split))
+    assert preset['settings']['server_lr'] == auto['server_lr']
     assert api.settings('synthetic', preset=record['preset_file']).server_lr == (
         preset['settings']['server_lr'])

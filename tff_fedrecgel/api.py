@@ -454,7 +454,8 @@ def load_run(run_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None =
 def tune(task: str, *, root: str | os.PathLike, trials: int = 20,
          max_minutes: float | None = None, objective: str | None = None,
          space: list[str] | None = None, algorithm: str = methods.FEDRECGEL,
-         seed: int = 0, frame: bool = True, **fixed: Any) -> dict[str, Any]:
+         seed: int = 0, frame: bool = True,
+         start_from_auto: bool = recipes.TUNER_STARTS_FROM_AUTO, **fixed: Any) -> dict[str, Any]:
     """Searches a method's settings on the validation item (`tuning`), as
     `launch/tune.py` does; resumes the search kept in `root`.
 
@@ -470,6 +471,7 @@ def tune(task: str, *, root: str | os.PathLike, trials: int = 20,
       seed: Seed of the sampler and of every trial.
       frame: Then train item popularity and search the central model with
         the same trials and budget (`tuning_frame`), unless tuning it.
+      start_from_auto: A new search's first trial is the `auto` recipe.
       **fixed: Settings shared by every trial (`data_dir`, `data_options`,
         `total_rounds`, ...), left out of the search.
 
@@ -481,9 +483,9 @@ def tune(task: str, *, root: str | os.PathLike, trials: int = 20,
     from tff_fedrecgel import tuning  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel import tuning_frame  # pylint: disable=g-import-not-at-top
 
-    config = tuning.TuneConfig.create(task, algorithm=algorithm, space=space, fixed=fixed,
-                                      objective=objective, trials=trials,
-                                      max_minutes=max_minutes, seed=seed)
+    config = tuning.TuneConfig.create(
+        task, algorithm=algorithm, space=space, fixed=fixed, objective=objective, trials=trials,
+        max_minutes=max_minutes, seed=seed, start_from_auto=start_from_auto)
     frame = frame and algorithm != tuning_frame.CEILING
     if frame:
         tuning_frame.ceiling_config(config)  # Checked before anything runs.

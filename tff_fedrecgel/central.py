@@ -23,6 +23,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from tff_fedrecgel import sizes
 from tff_fedrecgel.data.client_data import FederatedTrainData
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.evaluation import sampled
@@ -30,7 +31,7 @@ from tff_fedrecgel.models import neumf
 
 DEFAULT_LEARNING_RATE = 0.001
 DEFAULT_BATCH_SIZE = 256
-DEFAULT_NUM_NEGATIVES = 4
+DEFAULT_NUM_NEGATIVES = sizes.TRAINING_NEGATIVES
 # Seeds the user tables' draw apart from the item tables' (NeuMF's own seeds).
 _USER_TABLE_STREAM = 0xCE17
 

@@ -40,6 +40,8 @@ AUTO_EPOCHS_NEGATIVES = 250
 # the transfer study's two generated logs (20 and 100 per user).
 AUTO_LONG_HISTORY = 50
 AUTO_NEGATIVES_RANGE = (4, 32)
+# A new tuner search tries this recipe first (`tuning.TuneConfig`).
+TUNER_STARTS_FROM_AUTO = True
 
 
 @dataclasses.dataclass(frozen=True)

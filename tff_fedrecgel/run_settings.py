@@ -159,15 +159,15 @@ class Settings:
     data_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     validation: bool = False
     preset: str | None = None
-    total_rounds: int = 100
-    client_fraction: float = 0.1
+    total_rounds: int = tasks.DEFAULT_ROUNDS
+    client_fraction: float = tasks.DEFAULT_CLIENT_FRACTION
     clients_per_round: int | None = None
     rho_sh: float = _WORK.rho_sh
     rho_ns: float = _WORK.rho_ns
     local_lr: float = _WORK.local_lr
     server_lr: float = _SERVER.learning_rate
     server_optimizer: str = _SERVER.optimizer
-    num_negatives: int = 4
+    num_negatives: int = sizes.TRAINING_NEGATIVES
     local_state: str = _WORK.local_state
     reconstruction_steps: int = _WORK.reconstruction_steps
     loss_reduction: str = _WORK.loss_reduction

@@ -18,6 +18,8 @@ TOP_KS = (5, 10, 15, 20)
 SELECT_K = 10
 # The sampled protocol ranks the held-out item among this many negatives.
 EVAL_NEGATIVES = 99
+# Training negatives sampled per positive (the paper's and NCF's 4).
+TRAINING_NEGATIVES = 4
 # Widths past this make an item table of a large catalog too big to train.
 MAX_WIDTH = 4096
 

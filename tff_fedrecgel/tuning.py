@@ -15,6 +15,10 @@ needs, its SQLite study resumes after SIGKILL without a server, and its
 API is a few calls; Vizier's open-source service needs a server process and
 offers no pruning of running trials.
 
+A new search's first trial is the `auto` preset's recipe for the data (its
+values of the searched settings), so the search starts from what the project
+would run untuned and can only improve on it (`start_from_auto`).
+
 The test item is never looked at by the search: trials are ranked on the
 validation item (`objective`, default `valid_full/ndcg@10`).
 """
@@ -146,6 +150,8 @@ class TuneConfig:
       space: The searched dimensions.
       seed: Seed of the sampler and of every trial's run.
       base: Settings every trial shares (e.g. `total_rounds`, data options).
+      start_from_auto: Whether a new search's first trial is the `auto`
+        preset's recipe (for methods `auto` applies to).
     """
 
     task: str
@@ -156,6 +162,7 @@ class TuneConfig:
     space: tuple[Dimension, ...] = SEARCH_SPACE
     seed: int = 0
     base: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    start_from_auto: bool = recipes.TUNER_STARTS_FROM_AUTO
 
     def __post_init__(self):
         group, _, metric = self.objective.partition('/')
@@ -179,7 +186,7 @@ class TuneConfig:
           space: Names of `SEARCH_SPACE` dimensions (default: all).
           fixed: Settings every trial shares (`base`).
           objective: The validation metric (default `DEFAULT_OBJECTIVE`).
-          **options: `trials`, `max_minutes`, `seed`.
+          **options: `trials`, `max_minutes`, `seed`, `start_from_auto`.
 
         Raises:
           DataError, ValueError: On a bad fixed setting or dimension name.
@@ -195,6 +202,27 @@ class TuneConfig:
     def eval_protocol(self) -> str:
         full = self.objective.startswith(protocols.FULL.group('valid') + '/')
         return protocols.BOTH if full else protocols.SAMPLED.name
+
+
+def auto_trial(config: TuneConfig, split: Split) -> dict[str, Any]:
+    """The searched settings' values under the `auto` preset on `split`.
+
+    Args:
+      config: The search.
+      split: Its data.
+
+    Returns:
+      Values by dimension name (what `suggest_settings` would ask); empty
+      when `auto` does not apply to the method (the central model).
+    """
+    try:
+        auto = run_settings.settings(
+            config.task, algorithm=config.algorithm, preset=recipes.AUTO,
+            data_profile=recipes.DataProfile.of(split), validation=True, **config.base)
+    except (DataError, ValueError):
+        return {}
+    return suggest_settings(optuna.trial.FixedTrial(
+        {d.name: getattr(auto, d.name) for d in config.space}), config.space, config.algorithm)
 
 
 def _open_study(root: pathlib.Path, seed: int) -> optuna.Study:
@@ -241,6 +269,10 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
     root = pathlib.Path(root)
     (root / 'trials').mkdir(parents=True, exist_ok=True)
     study = _open_study(root, config.seed)
+    if config.start_from_auto and not study.get_trials(deepcopy=False):
+        first = auto_trial(config, split)
+        if first:
+            study.enqueue_trial(first, user_attrs={'recipe': recipes.AUTO})
     deadline = None if config.max_minutes is None else time.monotonic() + 60 * config.max_minutes
     group, _, metric = config.objective.partition('/')
     timings = []

@@ -27,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from tff_fedrecgel import sizes
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.errors import DataError
 
-DEFAULT_NUM_NEGATIVES = 4
+DEFAULT_NUM_NEGATIVES = sizes.TRAINING_NEGATIVES
 # Held-out users depend on the data alone (not on the run's seed), so every
 # method and seed on a split is measured on the same unseen users.
 HELDOUT_SEED = 0x4E1D

@@ -49,7 +49,7 @@ def build_simulation(
     seed: int = 0,
     server_lr: float = algorithm_config.SERVER.learning_rate,
     server_optimizer: str | tff.learning.optimizers.Optimizer = algorithm_config.SERVER.optimizer,
-    num_negatives: int = 4,
+    num_negatives: int = sizes.TRAINING_NEGATIVES,
     users_per_client: int | None = None,
     max_group_examples: int = batching.DEFAULT_MAX_GROUP_EXAMPLES,
     model_aggregator: fedrecgel.Aggregator | None = None,

@@ -107,7 +107,7 @@ class Simulation:
     """Rounds of a federated algorithm over a population of users."""
 
     def __init__(self, *, split: Split, algorithm: Algorithm, clients_per_round: int,
-                 seed: int = 0, num_negatives: int = 4, heldout_fraction: float = 0.0,
+                 seed: int = 0, num_negatives: int = sizes.TRAINING_NEGATIVES, heldout_fraction: float = 0.0,
                  eval_users: int | None = None, top_ks: Sequence[int] = sizes.TOP_KS):
         """Prepares the per-user data and the cohort sampling.
 

@@ -1,0 +1,131 @@
+"""The peers study's tables (launch/report_study.py --plan=peers).
+
+The peer runs come from the study folder (and `docs/peers_runs.csv` for runs
+whose folders are gone); the floor, the ceiling and FedRecGEL's own rows come
+from the recipe study (`docs/recipe_runs.csv`), whose runs use the same split
+for the same seed (a validation item, 10% of the users held out). Every
+figure is a test metric at the round chosen on the validation item.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+
+import numpy as np
+import pandas as pd
+
+from tff_fedrecgel.launch import _recipe_report
+from tff_fedrecgel.launch import _report
+from tff_fedrecgel.launch import peers_study
+from tff_fedrecgel.launch import study
+
+BEGIN, END = '<!-- peers-tables:begin -->', '<!-- peers-tables:end -->'
+# (kind, method, label) of the rows read from the recipe study.
+REFERENCE = (('itempop', 'itempop', 'popularity (floor)'),
+             ('central', 'central', 'central NeuMF (ceiling)'),
+             ('paper', 'fedrecgel', 'FedRecGEL, paper settings'),
+             ('tuned', 'fedncf', 'FedNCF, tuned preset'),
+             ('tuned', 'fedrecgel', 'FedRecGEL, tuned preset'))
+# The FedRecGEL every method is paired with.
+BASELINE = ('tuned', 'fedrecgel')
+COLUMNS = (('valid', 'test/hr@10', 'HR@10 s'),
+           ('valid', 'test/ndcg@10', 'NDCG@10 s'),
+           ('valid_full', 'test_full/hr@10', 'HR@10 f'),
+           ('valid_full', 'test_full/ndcg@10', 'NDCG@10 f'),
+           ('valid_full', 'heldout_full/hr@10', 'held-out HR@10 f'))
+PAIRED = (('valid', 'test/hr@10', 'HR@10 s'), ('valid_full', 'test_full/hr@10', 'HR@10 f'),
+          ('valid_full', 'test_full/ndcg@10', 'NDCG@10 f'))
+_REFERENCE_KINDS = ('itempop', 'central', 'paper', 'tuned')
+
+
+def combine(peers: pd.DataFrame, recipe: pd.DataFrame) -> pd.DataFrame:
+    """The peer runs and the recipe study's reference runs, one row per run
+    (a run in both, such as a popularity seed, is taken from `peers`)."""
+    reference = recipe[recipe.kind.isin(_REFERENCE_KINDS)]
+    both = pd.concat([peers, reference], ignore_index=True)
+    return both.drop_duplicates('name', keep='first').reset_index(drop=True)
+
+
+def _rows(runs: pd.DataFrame, dataset: str, kind: str, method: str) -> pd.DataFrame:
+    return _recipe_report._runs(runs, dataset, kind, method)  # pylint: disable=protected-access
+
+
+def _row_specs(runs: pd.DataFrame, dataset: str):
+    for kind, method, label in REFERENCE:
+        if kind == 'paper' and not ((runs.dataset == dataset) & (runs.kind == 'paper')).any():
+            continue  # The tuned preset is the paper's settings here.
+        yield kind, method, label
+    for method in peers_study.PEER_SETTINGS:
+        yield 'peer', method, f'{_report.LABELS[method]}, authors\' settings'
+
+
+def dataset_table(runs: pd.DataFrame, dataset: str) -> list[str]:
+    """Every method of one dataset beside the floor and the ceiling."""
+    header = ' | '.join(h for _, _, h in COLUMNS)
+    lines = [f'### {_report.TITLES[dataset]}', '',
+             f'| method | {header} | gap closed f | s/round | seeds |',
+             '|---|' + '---|' * (len(COLUMNS) + 3)]
+    for kind, method, label in _row_specs(runs, dataset):
+        chosen = _rows(runs, dataset, kind, method)
+        if not len(chosen):
+            continue
+        cells = [_report.cell(*_recipe_report._stats(chosen[f'{s}:{m}']))  # pylint: disable=protected-access
+                 if f'{s}:{m}' in chosen else '—' for s, m, _ in COLUMNS]
+        closure = _recipe_report.gap_closure(runs, dataset, kind, method,
+                                             column='valid_full:test_full/hr@10')
+        closed = '—' if kind in ('itempop', 'central') or math.isnan(closure) else (
+            f'{closure:.2f}')
+        per_round = chosen['seconds_per_round'].median()
+        lines.append(f'| {label} | {" | ".join(cells)} | {closed} | {per_round:.2f} '
+                     f'| {len(chosen)} |')
+    return lines + ['']
+
+
+def paired_lines(runs: pd.DataFrame) -> list[str]:
+    """FedRecGEL (tuned preset) minus each peer method, paired by seed: the
+    mean difference in points with its standard error."""
+    lines = ['### FedRecGEL (tuned preset) minus each method, paired by seed (points, '
+             'mean ± standard error)', '',
+             '| dataset | method | ' + ' | '.join(h for _, _, h in PAIRED) + ' | seeds |',
+             '|---|---|' + '---|' * (len(PAIRED) + 1)]
+    for dataset in study.DATASETS:
+        base = _rows(runs, dataset, *BASELINE).set_index('seed')
+        for method in peers_study.PEER_SETTINGS:
+            other = _rows(runs, dataset, 'peer', method).set_index('seed')
+            seeds = sorted(set(base.index) & set(other.index))
+            if not seeds:
+                continue
+            cells = []
+            for selection, metric, _ in PAIRED:
+                column = f'{selection}:{metric}'
+                diff = 100 * np.array([base.loc[s, column] - other.loc[s, column]
+                                       for s in seeds])
+                error = (f' ± {diff.std(ddof=1) / math.sqrt(len(diff)):.2f}'
+                         if len(diff) > 1 else '')
+                cells.append(f'{diff.mean():+.2f}{error}')
+            lines.append(f'| {_report.TITLES[dataset]} | {_report.LABELS[method]} | '
+                         f'{" | ".join(cells)} | {len(seeds)} |')
+    return lines + ['']
+
+
+def tables_block(runs: pd.DataFrame) -> str:
+    """The generated block of docs/RESULTS.md's peers section."""
+    lines = [BEGIN, '<!-- Generated by launch/report_study.py --plan=peers; edit the '
+             'script, not this block. -->', '']
+    for dataset in study.DATASETS:
+        if ((runs.dataset == dataset) & (runs.kind == 'peer')).any():
+            lines += dataset_table(runs, dataset)
+    lines += paired_lines(runs)
+    return '\n'.join([*lines, END])
+
+
+def collect(root: pathlib.Path, kept_csv: pathlib.Path) -> pd.DataFrame:
+    """The peer runs under `root`, and those of `kept_csv` whose folders are gone."""
+    runs = study.collect_recipe(root) if root.exists() else pd.DataFrame()
+    if kept_csv.exists():
+        kept = pd.read_csv(kept_csv)
+        if len(runs):
+            kept = kept[~kept['name'].isin(runs['name'])]
+        runs = pd.concat([runs, kept], ignore_index=True)
+    return runs

@@ -1,0 +1,89 @@
+"""The peers study's plan and report: every method beside the floor, the
+ceiling and FedRecGEL on the same splits, paired by seed."""
+
+import shutil
+
+import pandas as pd
+import pytest
+
+from tests.test_study import _fake_recipe_run
+from tests.test_study import _script
+from tff_fedrecgel import run_settings
+from tff_fedrecgel.launch import _peers_report
+from tff_fedrecgel.launch import peers_study
+from tff_fedrecgel.launch import study
+
+
+def test_the_plan_runs_the_sam_family_with_one_local_training():
+    runs = peers_study.peers_plan(datasets=['lastfm_2k'], seeds=1)
+    assert {r.method for r in runs} == {'itempop', *peers_study.PEER_SETTINGS}
+    assert {'fedsam', 'fedasam', 'fedlesam', 'fedgloss'} <= set(peers_study.PEER_SETTINGS)
+    by_method = {r.method: r for r in runs}
+    # FedSAM, FedASAM and FedLESAM differ only in where the perturbation
+    # comes from (and their radius).
+    local = {f for f in by_method['fedlesam'].extra if not f.startswith('--rho_sh')}
+    assert set(by_method['fedsam'].extra) == local == set(by_method['fedasam'].extra)
+    for method in ('fedsam', 'fedasam'):  # Settings the method takes.
+        extra = dict(f[2:].split('=') for f in by_method[method].extra)
+        run_settings.settings('lastfm_2k', algorithm=method,
+                              **{k: (v if k == 'server_optimizer' else float(v)
+                                     if '.' in v else int(v)) for k, v in extra.items()})
+
+
+@pytest.fixture(name='studies')
+def _studies(tmp_path):
+    """A recipe study (floor, ceiling, FedRecGEL) and a peers study on LastFM-2K."""
+    recipe = tmp_path / 'recipe'
+    peers = tmp_path / 'peers'
+    for seed in range(3):
+        _fake_recipe_run(recipe, f'lastfm_2k/itempop_seed{seed}', method='itempop', seed=seed,
+                         hr=0.6, full_hr=0.10)
+        _fake_recipe_run(recipe, f'lastfm_2k/central_seed{seed}', method='central', seed=seed,
+                         hr=0.9, full_hr=0.40)
+        _fake_recipe_run(recipe, f'lastfm_2k/tuned_fedrecgel_seed{seed}', method='fedrecgel',
+                         seed=seed, hr=0.8, full_hr=0.30)
+        _fake_recipe_run(peers, f'lastfm_2k/itempop_seed{seed}', method='itempop', seed=seed,
+                         hr=0.6, full_hr=0.10)
+        # PFedRec 1, 2 and 3 points of full-ranking HR@10 below FedRecGEL.
+        _fake_recipe_run(peers, f'lastfm_2k/peer_pfedrec_seed{seed}', method='pfedrec',
+                         seed=seed, hr=0.7, full_hr=0.29 - 0.01 * seed)
+    recipe_csv = tmp_path / 'recipe_runs.csv'
+    study.collect_recipe(recipe).to_csv(recipe_csv, index=False)
+    results = tmp_path / 'RESULTS.md'
+    results.write_text(f'# R\n\n{_peers_report.BEGIN}\nold\n{_peers_report.END}\ntail\n')
+    return peers, recipe_csv, results
+
+
+def test_the_report_frames_each_method_and_pairs_it_with_fedrecgel(studies, tmp_path):
+    peers, recipe_csv, results = studies
+    peers_csv = tmp_path / 'peers_runs.csv'
+    args = ['--plan=peers', f'--root_output_dir={peers}', f'--runs_csv={recipe_csv}',
+            f'--results={results}', f'--peers_csv={peers_csv}']
+    done = _script('report_study.py', *args)
+    assert done.returncode == 0, done.stderr
+    text = results.read_text()
+    assert 'old' not in text and text.endswith('tail\n')
+    block = text.split(_peers_report.BEGIN)[1].split(_peers_report.END)[0]
+    rows = {line.split(' | ')[0][2:]: line for line in block.splitlines()
+            if line.startswith('| ')}
+    assert {'popularity (floor)', 'central NeuMF (ceiling)', 'FedRecGEL, tuned preset',
+            'PFedRec, authors\' settings'} <= set(rows)
+    # (0.28 - 0.10) / (0.40 - 0.10) of the gap, full ranking, seed means.
+    assert '| 0.60 | 1.00 | 3 |' in rows['PFedRec, authors\' settings']
+    assert '| 0.67 |' in rows['FedRecGEL, tuned preset']
+    # Paired: +1, +2, +3 points; standard error 1 / sqrt(3).
+    paired = next(line for line in block.splitlines() if line.startswith('| LastFM-2K | PFedRec'))
+    assert '| +2.00 ± 0.58 |' in paired and paired.endswith('| 3 |')
+    assert len(pd.read_csv(peers_csv)) == 6
+    # With the folders gone, the kept rows give the same tables.
+    shutil.rmtree(peers)
+    results.write_text(f'{_peers_report.BEGIN}\n{_peers_report.END}\n')
+    assert _script('report_study.py', *args).returncode == 0
+    assert block in results.read_text()
+
+
+def test_no_runs_is_one_line(tmp_path):
+    done = _script('report_study.py', '--plan=peers', f'--root_output_dir={tmp_path / "none"}',
+                   f'--peers_csv={tmp_path / "none.csv"}')
+    assert done.returncode != 0 and 'no finished runs' in done.stderr
+    assert done.stderr.count('\n') == 1
