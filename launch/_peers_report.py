@@ -57,7 +57,20 @@ def _row_specs(runs: pd.DataFrame, dataset: str):
             continue  # The tuned preset is the paper's settings here.
         yield kind, method, label
     for method in peers_study.PEER_SETTINGS:
-        yield 'peer', method, f'{_report.LABELS[method]}, authors\' settings'
+        yield 'peer', method, f'{_report.LABELS[method]}, {peers_study.settings_source(method)}'
+
+
+def _closed(runs: pd.DataFrame, dataset: str, kind: str, method: str) -> str:
+    """The share of the full-ranking gap from popularity to the central model;
+    '—' for those two, and where the central model does not beat popularity."""
+    column = 'valid_full:test_full/hr@10'
+    means = [_recipe_report._stats(_rows(runs, dataset, k, m).get(  # pylint: disable=protected-access
+        column, pd.Series(dtype=float)))[0] for k, m in (('itempop', 'itempop'),
+                                                          ('central', 'central'))]
+    if kind in ('itempop', 'central') or not means[1] > means[0]:
+        return '—'
+    closure = _recipe_report.gap_closure(runs, dataset, kind, method, column=column)
+    return '—' if math.isnan(closure) else f'{closure:.2f}'
 
 
 def dataset_table(runs: pd.DataFrame, dataset: str) -> list[str]:
@@ -72,10 +85,7 @@ def dataset_table(runs: pd.DataFrame, dataset: str) -> list[str]:
             continue
         cells = [_report.cell(*_recipe_report._stats(chosen[f'{s}:{m}']))  # pylint: disable=protected-access
                  if f'{s}:{m}' in chosen else '—' for s, m, _ in COLUMNS]
-        closure = _recipe_report.gap_closure(runs, dataset, kind, method,
-                                             column='valid_full:test_full/hr@10')
-        closed = '—' if kind in ('itempop', 'central') or math.isnan(closure) else (
-            f'{closure:.2f}')
+        closed = _closed(runs, dataset, kind, method)
         per_round = chosen['seconds_per_round'].median()
         lines.append(f'| {label} | {" | ".join(cells)} | {closed} | {per_round:.2f} '
                      f'| {len(chosen)} |')

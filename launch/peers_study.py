@@ -38,6 +38,13 @@ PEER_SETTINGS = {
                  '--server_optimizer=sgd', '--server_lr=1'),
 }
 PEER_SEEDS = 5
+# What a row's settings are, where they are not its authors' own.
+SETTINGS_SOURCE = {'fedsam': 'FedLESAM\'s local training', 'fedasam': 'FedLESAM\'s local training'}
+
+
+def settings_source(method: str) -> str:
+    """Whose settings a method runs under in this plan."""
+    return SETTINGS_SOURCE.get(method, 'authors\' settings')
 
 
 def peers_plan(datasets: Sequence[str] = study.DATASETS,

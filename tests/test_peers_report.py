@@ -87,3 +87,14 @@ def test_no_runs_is_one_line(tmp_path):
                    f'--peers_csv={tmp_path / "none.csv"}')
     assert done.returncode != 0 and 'no finished runs' in done.stderr
     assert done.stderr.count('\n') == 1
+
+
+def test_no_gap_is_closed_where_the_ceiling_does_not_beat_popularity(studies):
+    peers, recipe_csv, _ = studies
+    recipe = pd.read_csv(recipe_csv)
+    central = recipe.method == 'central'
+    recipe.loc[central, 'valid_full:test_full/hr@10'] = 0.05  # Below popularity's 0.10.
+    runs = _peers_report.combine(study.collect_recipe(peers), recipe)
+    rows = [line for line in _peers_report.dataset_table(runs, 'lastfm_2k')
+            if line.startswith('| ') and 'seeds' not in line]
+    assert rows and all(line.split(' | ')[-3] == '—' for line in rows)
