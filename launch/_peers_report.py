@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import pathlib
 
-import numpy as np
 import pandas as pd
 
 from tff_fedrecgel.launch import _recipe_report
@@ -108,9 +107,10 @@ def paired_lines(runs: pd.DataFrame) -> list[str]:
                 continue
             cells = []
             for selection, metric, _ in PAIRED:
-                column = f'{selection}:{metric}'
-                diff = 100 * np.array([base.loc[s, column] - other.loc[s, column]
-                                       for s in seeds])
+                diff = _recipe_report.paired_points(base, other, f'{selection}:{metric}')
+                if diff is None:
+                    cells.append('—')
+                    continue
                 error = (f' ± {diff.std(ddof=1) / math.sqrt(len(diff)):.2f}'
                          if len(diff) > 1 else '')
                 cells.append(f'{diff.mean():+.2f}{error}')

@@ -83,6 +83,15 @@ def dataset_table(runs: pd.DataFrame, dataset: str) -> list[str]:
     return lines + ['']
 
 
+def paired_points(a: pd.DataFrame, b: pd.DataFrame, column: str) -> np.ndarray | None:
+    """`a - b` in points on the seeds both have (frames indexed by seed);
+    None if either lacks the column."""
+    if column not in a or column not in b:
+        return None
+    seeds = sorted(set(a.index) & set(b.index))
+    return 100 * np.array([a.loc[s, column] - b.loc[s, column] for s in seeds])
+
+
 def paired_lines(runs: pd.DataFrame) -> list[str]:
     """FedRecGEL minus FedNCF under the tuned preset, paired by seed."""
     columns = (('test', 'test/hr@10', 'HR@10 s, test-sel.'),
@@ -102,11 +111,10 @@ def paired_lines(runs: pd.DataFrame) -> list[str]:
             continue
         cells = []
         for selection, metric, _ in columns:
-            column = f'{selection}:{metric}'
-            if column not in a or column not in b:
+            diff = paired_points(a, b, f'{selection}:{metric}')
+            if diff is None:
                 cells.append('—')
                 continue
-            diff = 100 * np.array([a.loc[s, column] - b.loc[s, column] for s in seeds])
             spread = f' ± {diff.std(ddof=1):.2f}' if len(diff) > 1 else ''
             wins = int((diff > 0).sum())
             cells.append(f'{diff.mean():+.2f}{spread} ({wins}/{len(diff)} up)')
