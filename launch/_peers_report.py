@@ -22,6 +22,7 @@ from tff_fedrecgel.launch import study
 BEGIN, END = '<!-- peers-tables:begin -->', '<!-- peers-tables:end -->'
 # (kind, method, label) of the rows read from the recipe study.
 REFERENCE = (('itempop', 'itempop', 'popularity (floor)'),
+             ('history', 'history', 'own history, then popularity (floor)'),
              ('central', 'central', 'central NeuMF (ceiling)'),
              ('paper', 'fedrecgel', 'FedRecGEL, paper settings'),
              ('tuned', 'fedncf', 'FedNCF, tuned preset'),

@@ -38,6 +38,10 @@ PEER_SETTINGS = {
                  '--server_optimizer=sgd', '--server_lr=1'),
 }
 PEER_SEEDS = 5
+# The floors every seed gets: popularity, and each user's own history first
+# (where test items repeat training pairs, as on LastFM-2K, remembering
+# the history is worth much of a full-ranking figure).
+FLOORS = ('itempop', 'history')
 # What a row's settings are, where they are not its authors' own.
 SETTINGS_SOURCE = {'fedsam': 'FedLESAM\'s local training', 'fedasam': 'FedLESAM\'s local training'}
 
@@ -50,7 +54,7 @@ def settings_source(method: str) -> str:
 def peers_plan(datasets: Sequence[str] = study.DATASETS,
                methods: Sequence[str] = tuple(PEER_SETTINGS),
                seeds: int = PEER_SEEDS) -> list[Run]:
-    """The peers study's runs: per dataset the floor, then each peer method,
+    """The peers study's runs: per dataset the floors, then each peer method,
     `seeds` seeds each, lowest seeds first.
 
     Args:
@@ -74,8 +78,8 @@ def peers_plan(datasets: Sequence[str] = study.DATASETS,
                       eval_protocol='both',
                       rounds_per_full_eval=study.RECIPE_FULL_EVERY[dataset])
         for s in range(seeds):
-            runs.append(Run(name=f'{dataset}/itempop_seed{s}', method='itempop', seed=s,
-                            **common))
+            runs += [Run(name=f'{dataset}/{floor}_seed{s}', method=floor, seed=s, **common)
+                     for floor in FLOORS]
             runs += [Run(name=f'{dataset}/peer_{m}_seed{s}', method=m, seed=s,
                          extra=PEER_SETTINGS[m], **common) for m in methods]
     return sorted(runs, key=lambda run: (run.seed, run.name))

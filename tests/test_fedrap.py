@@ -234,8 +234,9 @@ def test_registry_and_refused_settings():
             run_settings.settings('synthetic', algorithm='fedrap', **{name: value})
     from tff_fedrecgel.launch import peers_study  # pylint: disable=g-import-not-at-top
     runs = peers_study.peers_plan(datasets=['filmtrust'], methods=['fedrap'], seeds=1)
-    assert [r.name for r in runs] == ['filmtrust/itempop_seed0', 'filmtrust/peer_fedrap_seed0']
-    assert '--client_fraction=1' in runs[1].flags('/data')
+    assert [r.name for r in runs] == ['filmtrust/history_seed0', 'filmtrust/itempop_seed0',
+                                      'filmtrust/peer_fedrap_seed0']
+    assert '--client_fraction=1' in runs[2].flags('/data')
 
 
 def test_fedrap_runs_through_the_driver():

@@ -300,12 +300,13 @@ def test_the_peers_plan_runs_both_under_their_authors_settings():
 
     runs = peers_study.peers_plan(datasets=['filmtrust'], methods=['fedlesam', 'fedgloss'],
                                   seeds=1)
-    assert [r.name for r in runs] == ['filmtrust/itempop_seed0', 'filmtrust/peer_fedgloss_seed0',
+    assert [r.name for r in runs] == ['filmtrust/history_seed0', 'filmtrust/itempop_seed0',
+                                      'filmtrust/peer_fedgloss_seed0',
                                       'filmtrust/peer_fedlesam_seed0']
-    flags = runs[2].flags('/data')
+    flags = runs[3].flags('/data')
     assert '--algorithm=fedlesam' in flags and '--local_epochs=5' in flags
-    assert '--server_optimizer=sgd' in runs[1].flags('/data')
-    for run in runs[1:]:  # The settings are ones the method takes.
+    assert '--server_optimizer=sgd' in runs[2].flags('/data')
+    for run in runs[2:]:  # The settings are ones the method takes.
         extra = dict(f[2:].split('=') for f in run.extra)
         run_settings.settings('filmtrust', algorithm=run.method,
                               rho_sh=float(extra.pop('rho_sh')),

@@ -16,7 +16,7 @@ from tff_fedrecgel.launch import study
 
 def test_the_plan_runs_the_sam_family_with_one_local_training():
     runs = peers_study.peers_plan(datasets=['lastfm_2k'], seeds=1)
-    assert {r.method for r in runs} == {'itempop', *peers_study.PEER_SETTINGS}
+    assert {r.method for r in runs} == {*peers_study.FLOORS, *peers_study.PEER_SETTINGS}
     assert {'fedsam', 'fedasam', 'fedlesam', 'fedgloss'} <= set(peers_study.PEER_SETTINGS)
     by_method = {r.method: r for r in runs}
     # FedSAM, FedASAM and FedLESAM differ only in where the perturbation

@@ -173,13 +173,14 @@ def test_the_peers_plan_runs_each_peer_under_its_authors_settings():
     from tff_fedrecgel.launch import peers_study  # pylint: disable=g-import-not-at-top
 
     runs = peers_study.peers_plan(datasets=['filmtrust'], methods=['pfedrec'], seeds=2)
-    assert [r.name for r in runs] == ['filmtrust/itempop_seed0', 'filmtrust/peer_pfedrec_seed0',
-                                      'filmtrust/itempop_seed1', 'filmtrust/peer_pfedrec_seed1']
-    flags = runs[1].flags('/data')
+    assert [r.name for r in runs] == [
+        'filmtrust/history_seed0', 'filmtrust/itempop_seed0', 'filmtrust/peer_pfedrec_seed0',
+        'filmtrust/history_seed1', 'filmtrust/itempop_seed1', 'filmtrust/peer_pfedrec_seed1']
+    flags = runs[2].flags('/data')
     assert '--algorithm=pfedrec' in flags and '--client_fraction=1' in flags
     assert '--heldout_users=0.1' in flags and '--validation' in flags
     every = peers_study.peers_plan(datasets=['filmtrust'], seeds=1)
-    assert {r.method for r in every} == {'itempop', *peers_study.PEER_SETTINGS}
+    assert {r.method for r in every} == {*peers_study.FLOORS, *peers_study.PEER_SETTINGS}
     assert '--client_fraction=1' in next(r for r in every if r.method == 'gpfedrec').flags('/d')
     with pytest.raises(ValueError, match='no peer settings for fedrecgel'):
         peers_study.peers_plan(methods=['fedrecgel'])

@@ -185,6 +185,11 @@ METHODS = {m.name: m for m in (
            rho_sh=0.0, rho_ns=0.0, algorithm=ITEMPOP,
            builder='tff_fedrecgel.simulation.baseline_adapters:build_itempop',
            takes=frozenset(), exports=False, tunable=False),
+    Method('history', 'own history, then popularity', 'each user\'s own training items '
+           'first, then item popularity, no model (the floor where test items repeat)',
+           rho_sh=0.0, rho_ns=0.0, algorithm=ITEMPOP,
+           builder='tff_fedrecgel.simulation.history_adapter:build',
+           takes=frozenset(), exports=False, tunable=False),
     Method('central', 'central NeuMF', 'the same NeuMF trained centrally on the pooled data with Keras, '
            'a round = an epoch (the non-federated ceiling, not a federated method)',
            rho_sh=0.0, rho_ns=0.0, algorithm=CENTRAL,
