@@ -78,9 +78,10 @@ _PLAN = flags.DEFINE_enum(
     'with a validation item, 10% held-out users and both protocols; transfer: '
     'candidate recipes on every dataset and a generated log, for the choice of '
     '--preset=auto by leaving one dataset out (launch/transfer_study.py); '
-    'peers: the peer recommenders and the federated SAM family under their authors\' settings beside '
-    'the popularity floor, with a validation item, 10% held-out users and both '
-    'protocols (--methods does not apply).')
+    'peers: the peer recommenders and the federated SAM family under their authors\' '
+    'settings beside two floors (popularity; each user\'s own history first), with a '
+    'validation item, 10% held-out users and both protocols (--methods does not apply; '
+    '--peer_seeds sets the seeds).')
 
 # How long stopped runs get to write their checkpoint before they are killed.
 _STOP_SECONDS = 120.0
