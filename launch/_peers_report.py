@@ -1,10 +1,12 @@
 """The peers study's tables (launch/report_study.py --plan=peers).
 
-The peer runs come from the study folder (and `docs/peers_runs.csv` for runs
-whose folders are gone); the floor, the ceiling and FedRecGEL's own rows come
-from the recipe study (`docs/recipe_runs.csv`), whose runs use the same split
-for the same seed (a validation item, 10% of the users held out). Every
-figure is a test metric at the round chosen on the validation item.
+The peer runs and the floors the plan runs (popularity, each user's own
+history first) come from the study folder (and `docs/peers_runs.csv` for
+runs whose folders are gone); the ceiling, FedRecGEL's rows and popularity's
+other seeds come from the recipe study (`docs/recipe_runs.csv`), whose runs
+use the same split for the same seed (a validation item, 10% of the users
+held out). Every figure is a test metric at the round chosen on the
+validation item.
 """
 
 from __future__ import annotations

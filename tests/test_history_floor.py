@@ -34,13 +34,14 @@ def _full_hr(tmp_path, split, algorithm, path):
 
 def test_a_repeated_test_item_ranks_first_and_the_rest_as_popularity(repeating, tmp_path):
     path, split, repeats = repeating
-    history = _full_hr(tmp_path, split, 'history', path)
-    popularity = _full_hr(tmp_path, split, 'itempop', path)
-    # Every repeated target ranks first (the user's other items are not
-    # candidates); a new target ranks as under popularity.
-    run = api.experiment('csv', run_dir=tmp_path / 'scores', split=split, data_dir=path,
-                         algorithm='history', total_rounds=1)
-    run.train()
+    with api.Session():  # Its own worker, stopped after (the test session's stays current).
+        history = _full_hr(tmp_path, split, 'history', path)
+        popularity = _full_hr(tmp_path, split, 'itempop', path)
+        # Every repeated target ranks first (the user's other items are not
+        # candidates); a new target ranks as under popularity.
+        run = api.experiment('csv', run_dir=tmp_path / 'scores', split=split, data_dir=path,
+                             algorithm='history', total_rounds=1)
+        run.train()
     users = np.arange(split.num_users)
     scores = run.simulation.algorithm.score_items(users, None)
     own = scores >= 1
