@@ -151,7 +151,7 @@ class TuneConfig:
       seed: Seed of the sampler and of every trial's run.
       base: Settings every trial shares (e.g. `total_rounds`, data options).
       start_from_auto: Whether a new search's first trial is the `auto`
-        preset's recipe (for methods `auto` applies to).
+        preset's recipe, as far as the method takes its settings.
     """
 
     task: str
@@ -212,8 +212,10 @@ def auto_trial(config: TuneConfig, split: Split) -> dict[str, Any]:
       split: Its data.
 
     Returns:
-      Values by dimension name (what `suggest_settings` would ask); empty
-      when `auto` does not apply to the method (the central model).
+      Values by dimension name, only those the method takes (what
+      `suggest_settings` would ask): the central ceiling's search starts
+      from `auto`'s training negatives, so the frame's two searches start
+      alike. Empty if the settings are refused.
     """
     try:
         auto = run_settings.settings(
