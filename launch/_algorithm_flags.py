@@ -3,8 +3,8 @@
 The library takes plain arguments; this module turns the flags into them:
 `settings(task)` is the run's `run_settings.Settings` (the flags given on
 the command line over the task's and the preset's defaults), and
-`model_config` the model's configuration. The flags' defaults are the
-`Settings` defaults.
+`model_config` the model's configuration. The flags are `settings_tree`'s
+'method' leaf.
 """
 
 from __future__ import annotations
@@ -14,34 +14,18 @@ import dataclasses
 from absl import flags
 
 from tff_fedrecgel.launch import _data_flags
+from tff_fedrecgel.launch import _tree_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import run_settings
 from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError
 from tff_fedrecgel.errors import OptionError
 
-_default = run_settings.default
-
-TASK = flags.DEFINE_enum('task', None, tasks.TASK_NAMES, 'Dataset task.')
-ALGORITHM = flags.DEFINE_enum(
-    'algorithm', _default('algorithm'), methods.METHOD_NAMES,
-    '; '.join(f'{m.name}: {m.description}' for m in methods.METHODS.values()) + '.')
-RHO_SH = flags.DEFINE_float(
-    'rho_sh', None, 'SAM radius of the global (item) part (default: task\'s).')
-RHO_NS = flags.DEFINE_float(
-    'rho_ns', None, 'SAM radius of the local (user) part (default: task\'s).')
-SEED = flags.DEFINE_integer(
-    'seed', _default('seed'), 'Seed of initial weights, client sampling and negatives.')
-
-PRESET = flags.DEFINE_string(
-    'preset', None,
-    'paper: the paper\'s protocol (docs/ALGORITHM.md); tuned: the task\'s own '
-    'settings chosen on its validation item; auto: chosen for transfer by the '
-    'data\'s history length (five local epochs below 50 interactions per user, '
-    'one gradient a round with a faster server above), with the training '
-    'negatives derived from the data (docs/RESULTS.md, "Transfer"); or a .json preset file (launch/tune.py '
-    'writes one). Default: paper for the paper\'s datasets, auto for csv and '
-    'synthetic. Flags given explicitly win.')
+FLAGS = _tree_flags.define('method', __name__)
+TASK = FLAGS['task']
+ALGORITHM = FLAGS['algorithm']
+SEED = FLAGS['seed']
+PRESET = FLAGS['preset']
 
 # Settings this module sets apart from the flags of their name.
 _NOT_FROM_FLAGS = ('task', 'algorithm', 'preset', 'data_dir', 'data_options')

@@ -7,22 +7,15 @@ from typing import Any
 from absl import flags
 
 from tff_fedrecgel import tasks
+from tff_fedrecgel.launch import _tree_flags
 from tff_fedrecgel.errors import DataError
 
-DATA_DIR = flags.DEFINE_string(
-    'data_dir', None,
-    'Folder holding the raw file (for csv: the folder holding ratings.csv, '
-    'or the file itself). Not used by synthetic.')
-VALIDATION = flags.DEFINE_bool(
-    'validation', False,
-    "Also hold out each user's second-latest interaction as validation "
-    '(for honest model selection; training then excludes it).')
-
-CACHE_DIR = flags.DEFINE_string(
-    'cache_dir', None,
-    'train.py, benchmark.py: reuse (or write) the prepared split in this folder '
-    '(as prepare_data.py --output_dir), so that a run, or a resumed one, skips '
-    'the preparation. Other commands ignore it.')
+# The recorded data settings and the cache (`settings_tree`'s 'data' leaf);
+# the task's reader options below are the tasks'.
+FLAGS = _tree_flags.define('data', __name__)
+DATA_DIR = FLAGS['data_dir']
+VALIDATION = FLAGS['validation']
+CACHE_DIR = FLAGS['cache_dir']
 
 NUM_USERS = flags.DEFINE_integer('num_users', None,
                                  'synthetic: number of users (default 500).')

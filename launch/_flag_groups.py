@@ -14,21 +14,19 @@ import sys
 
 from absl import flags
 
-# (module, name, what it holds), in reading order: what the data is, what is trained and
-# how, how it is measured, then how the run goes and where it writes.
-GROUPS = (
-    ('_data_flags', 'data', 'the dataset and how it is read'),
-    ('_model_flags', 'model', 'the NeuMF sizes'),
-    ('_algorithm_flags', 'method', 'the task, the algorithm, its preset and SAM radii'),
-    ('_client_flags', 'client', 'what a user does in a round'),
-    ('_server_flags', 'server', 'its step on the aggregated update'),
-    ('_eval_flags', 'evaluation', 'protocols, schedule, who is evaluated'),
-    ('_ranking_flags', 'evaluation sizes', 'the cut-offs K and the sampled negatives'),
-    ('_privacy_flags', 'privacy', 'user-level DP and secure aggregation'),
-    ('_simulation_flags', 'simulation', 'rounds, the cohort and how TFF runs them'),
-    ('_output_flags', 'output', 'where the run writes and what it shows'),
-    ('_config_file', 'settings file', 'a run\'s hparams.json as flags'),
-)
+from tff_fedrecgel import settings_tree
+
+# Each concern's flag module (`settings_tree.TREE`'s leaves, in its order:
+# what the data is, what is trained and how, how it is measured, then how
+# the run goes and where it writes), then the settings file.
+_MODULES = {'data': '_data_flags', 'model': '_model_flags', 'method': '_algorithm_flags',
+            'client': '_client_flags', 'server': '_server_flags',
+            'evaluation': '_eval_flags', 'evaluation sizes': '_ranking_flags',
+            'privacy': '_privacy_flags', 'simulation': '_simulation_flags',
+            'output': '_output_flags'}
+# (module, name, what it holds), in reading order.
+GROUPS = tuple((_MODULES[leaf.name], leaf.name, leaf.what) for leaf in settings_tree.TREE) + (
+    ('_config_file', 'settings file', 'a run\'s hparams.json as flags'),)
 _PACKAGE = 'tff_fedrecgel.launch'
 # What absl's --help and --helpshort are called (short name '?').
 HELP_ARGS = frozenset({'--help', '-help', '--helpshort', '-helpshort', '-?', '--?'})

@@ -117,19 +117,13 @@ def _folder_bytes(path: str, names: list[str]) -> int:
     return sum(os.path.getsize(os.path.join(path, n)) for n in names)
 
 
-def _privacy() -> dict:
-    """The privacy flags given, keyed as `export_settings.PRIVACY_SETTINGS`."""
-    return {name: flags.FLAGS[name].value for name in export_settings.PRIVACY_SETTINGS}
-
-
 def _check_run_flags() -> None:
     """--run_dir takes every setting from the run (--data_dir may move it)."""
     modules = (algo, _data_flags, _client_flags, _server_flags, _model_flags, _ranking_flags,
                _eval_flags, _privacy_flags)
-    given = sorted({f'--{holder.name}' for module in modules
-                    for holder in vars(module).values()
-                    if isinstance(holder, flags.FlagHolder) and holder.present
-                    and holder is not _data_flags.DATA_DIR})
+    given = sorted({f'--{flag.name}' for module in modules
+                    for flag in flags.FLAGS.get_key_flags_for_module(module.__name__)
+                    if flag.present and flag.name != _data_flags.DATA_DIR.name})
     if given:
         raise DataError(f'--run_dir takes the settings of the run; drop {", ".join(given)}')
     if not _OUTPUT_DIR.value:
@@ -178,7 +172,7 @@ def main(argv: list[str]) -> int:
     output_dir = _check_output_dir(_OUTPUT_DIR.value)
     settings = algo.settings(task)  # Flag errors fail before the data is read.
     try:
-        export_settings.check_computations(settings, _privacy())
+        export_settings.check_computations(settings)
     except SettingError as e:
         raise ValueError(e.flag_message()) from None
     # Only the item count is needed from the data (no sampled negatives: any

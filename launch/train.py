@@ -59,6 +59,7 @@ from tff_fedrecgel.launch import _simulation_flags as simulation_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel import run_settings
+from tff_fedrecgel import setting_changes
 from tff_fedrecgel.evaluation import protocols
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -79,46 +80,31 @@ def _settings(task, data_profile=None) -> run_settings.Settings:
 
 def _private() -> bool:
     """Whether the flags ask for DP or secure aggregation."""
-    return (privacy_flags.DP_NOISE_MULTIPLIER.value is not None
-            or privacy_flags.SECURE_AGGREGATION.value)
+    return (flags.FLAGS.dp_noise_multiplier is not None
+            or flags.FLAGS.secure_aggregation)
 
 
 def _privacy(settings: run_settings.Settings, num_users: int, clients: int):
     """The run's `PrivacySettings`, checked (imports no TensorFlow)."""
-    from tff_fedrecgel.privacy import PrivacySettings  # pylint: disable=g-import-not-at-top
-
-    needs_dp = [f'--{f.name}' for f in (privacy_flags.DP_CLIP, privacy_flags.DP_ADAPTIVE_CLIP,
-                                        privacy_flags.DP_DELTA) if f.present]
-    if privacy_flags.DP_NOISE_MULTIPLIER.value is None and needs_dp:
+    needs_dp = [f'--{name}' for name in ('dp_clip', 'dp_adaptive_clip', 'dp_delta')
+                if flags.FLAGS[name].present]
+    if settings.dp_noise_multiplier is None and needs_dp:
         raise ValueError(f'{", ".join(needs_dp)} needs --dp_noise_multiplier')
-    private = _private()
-    if private and settings.simulation == 'vectorized':
-        # A vectorized client uploads one mean per group of users.
-        raise ValueError('DP and secure aggregation act on each user\'s upload; drop '
-                         '--simulation=vectorized (auto runs one user per TFF client)')
     try:
-        privacy = PrivacySettings(
-            noise_multiplier=privacy_flags.DP_NOISE_MULTIPLIER.value,
-            clip=privacy_flags.DP_CLIP.value, adaptive_clip=privacy_flags.DP_ADAPTIVE_CLIP.value,
-            delta=privacy_flags.DP_DELTA.value,
-            secure_aggregation=privacy_flags.SECURE_AGGREGATION.value)
-        privacy.check_accounting(clients_per_round=clients, num_users=num_users,
-                                 total_rounds=settings.total_rounds)
+        return settings.checked_privacy(num_users, clients)
     except run_settings.SettingError as e:
         raise ValueError(e.flag_message()) from None
-    privacy.check_client_weighting(settings.client_weighting)
-    privacy.hparams(num_users=num_users)  # Checks the population size.
-    return privacy
 
 
-def _privacy_pieces(privacy, clients: int, num_users: int, total_rounds: int):
-    """The model aggregator and the `PrivacyReport` (None, None: plain mean)."""
+def _privacy_report(settings: run_settings.Settings, privacy, num_users: int):
+    """Says the run's privacy; returns its `PrivacyReport` (None without DP)."""
     if not privacy.needs_one_user_per_client:
-        return None, None
+        return None
     if privacy.secure_aggregation:
         # As privacy.use_secure_simulation_context, on this process's worker.
         _entry.tff_runtime(secure_sum=True)
-    aggregator, report = privacy.build(clients_per_round=clients, num_users=num_users)
+    report = settings.privacy_report(num_users)
+    total_rounds = settings.total_rounds
     if report is None:
         print('privacy: secure aggregation (simulated), no DP', flush=True)
     else:
@@ -127,7 +113,7 @@ def _privacy_pieces(privacy, clients: int, num_users: int, total_rounds: int):
               f'{report.epsilon(total_rounds):.3g} at delta {report.delta:.3g} after '
               f'{total_rounds} rounds; secure aggregation '
               f'{"on (simulated)" if privacy.secure_aggregation else "off"}', flush=True)
-    return aggregator, report
+    return report
 
 
 def _check_method(algorithm: str, *, private: bool) -> None:
@@ -173,7 +159,7 @@ def main(argv: list[str]) -> int:
     except run_settings.SettingError as e:
         raise ValueError(e.flag_message()) from None
     privacy = _privacy(settings, split.num_users, clients)
-    hparams = {**settings.hparams(), **privacy.hparams(num_users=split.num_users)}
+    hparams = settings.hparams(num_users=split.num_users)
     if simulation_flags.WORKERS.value and privacy.needs_one_user_per_client:
         raise ValueError('DP and secure aggregation are not supported with --workers')
     if simulation_flags.WORKERS.value:
@@ -226,13 +212,10 @@ def _train(task, settings: run_settings.Settings, hparams: dict, split, clients:
           flush=True)
     if split.filter_line():
         print(f'{task.name}: {split.filter_line()}', flush=True)
-    print(run_settings.preset_banner(settings, profile), flush=True)
+    print(setting_changes.preset_banner(settings, profile), flush=True)
     start = time.perf_counter()
-    aggregator, privacy_report = _privacy_pieces(privacy, clients, split.num_users,
-                                                 settings.total_rounds)
-    sim = settings.build_simulation(split, one_user_per_client=one_user,
-                                    model_aggregator=aggregator,
-                                    workers=simulation_flags.WORKERS.value)
+    privacy_report = _privacy_report(settings, privacy, split.num_users)
+    sim = settings.build_simulation(split, workers=simulation_flags.WORKERS.value)
     logging.info('built the TFF process in %.1f s', time.perf_counter() - start)
     print(f'outputs: {paths.root}', flush=True)
     print(f'view the curves: {_entry.tensorboard_command(paths.tensorboard)}',

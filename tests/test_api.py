@@ -8,6 +8,7 @@ starts (which must be gone when it ends); the exported SavedModel is loaded
 by a separate Python process with TensorFlow alone.
 """
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -113,11 +114,17 @@ def test_hparams_round_trip_and_foreign_settings():
     hparams = s.hparams()
     assert hparams['data_num_users'] == 30 and 'data_options' not in hparams
     assert api.Settings.from_hparams(hparams) == (s, [])
-    # launch/train.py records unset data options as null, and DP settings.
-    recorded = dict(hparams, data_num_items=None, dp_noise_multiplier=1.0,
-                    secure_aggregation=False)
+    # launch/train.py records unset data options as null. DP settings are
+    # settings; a name this version does not know is foreign.
+    recorded = dict(hparams, data_num_items=None, some_later_setting=1.0)
     loaded, foreign = api.Settings.from_hparams(recorded)
-    assert loaded == s and foreign == ['dp_noise_multiplier']
+    assert loaded == s and foreign == ['some_later_setting']
+    private = api.settings('synthetic', dp_noise_multiplier=1.0, dp_clip=0.1,
+                           total_rounds=3)
+    recorded = private.hparams(num_users=100)
+    assert recorded['dp_delta'] == 0.01 and 'dp_noise_multiplier' not in s.hparams()
+    assert api.Settings.from_hparams(recorded) == (
+        dataclasses.replace(private, dp_delta=0.01), [])
 
 
 def test_id_maps():

@@ -12,6 +12,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = REPO / 'launch'
 sys.path.insert(0, str(REPO))
+from tff_fedrecgel import settings_tree  # pylint: disable=wrong-import-position
 from tff_fedrecgel.launch import _flag_groups  # pylint: disable=wrong-import-position
 
 # One module per concern: --help shows each as a group, in this order.
@@ -31,13 +32,17 @@ def _absl_entry_points() -> list[str]:
 
 def _defined_flags(path: pathlib.Path) -> set[str]:
     """Names of the absl flags a module defines (`flags.DEFINE_*('name', ...)`,
-    and `--checkpoint` by `_entry.define_checkpoint_flag()`)."""
+    a concern's settings by `_tree_flags.define('concern', ...)`, and
+    `--checkpoint` by `_entry.define_checkpoint_flag()`)."""
     names = {'checkpoint'} if 'define_checkpoint_flag()' in path.read_text() else set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr.startswith('DEFINE_') and node.args
-                and isinstance(node.args[0], ast.Constant)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.args and isinstance(node.args[0], ast.Constant)):
+            continue
+        if node.func.attr.startswith('DEFINE_'):
             names.add(node.args[0].value)
+        elif node.func.attr == 'define' and getattr(node.func.value, 'id', '') == '_tree_flags':
+            names |= {s.name for s in settings_tree.leaf(node.args[0].value).settings}
     return names
 
 

@@ -24,15 +24,14 @@ def test_every_setting_has_a_decision():
     missing = [n for n in fields if n not in export_settings.DECISIONS]
     assert not missing, f'add an export decision for {missing} (export_settings.DECISIONS)'
     assert not export_settings.undecided()
-    # Each privacy field is recorded under one of PRIVACY_SETTINGS.
+    # Each privacy field is a setting, recorded under its name.
     recorded = privacy.PrivacySettings(noise_multiplier=1.0, clip=0.1,
                                        secure_aggregation=True).hparams(num_users=100)
-    assert set(recorded) == set(export_settings.PRIVACY_SETTINGS)
+    assert set(recorded) == set(export_settings.PRIVACY_SETTINGS) <= set(fields)
     assert len(dataclasses.fields(privacy.PrivacySettings)) == len(
         export_settings.PRIVACY_SETTINGS)
     # Nothing decided that is not a setting.
-    assert set(export_settings.DECISIONS) == set(fields) | set(
-        export_settings.PRIVACY_SETTINGS)
+    assert set(export_settings.DECISIONS) == set(fields)
 
 
 def test_decisions_are_kinds_with_reasons():
@@ -46,18 +45,17 @@ def test_decisions_are_kinds_with_reasons():
 def test_computations_refuse_what_they_cannot_honour_in_one_line():
     base = run_settings.settings('synthetic')
     export_settings.check_computations(base)
-    export_settings.check_computations(base, {'dp_noise_multiplier': None,
-                                              'secure_aggregation': False})
     cases = [
-        (base, {'dp_noise_multiplier': 1.0}, 'dp_noise_multiplier'),
-        (base, {'secure_aggregation': True}, 'secure_aggregation'),
-        (run_settings.settings('synthetic', algorithm='fedrecon'), None, 'algorithm'),
+        (run_settings.settings('synthetic', dp_noise_multiplier=1.0, dp_clip=0.1),
+         'dp_noise_multiplier'),
+        (run_settings.settings('synthetic', secure_aggregation=True), 'secure_aggregation'),
+        (run_settings.settings('synthetic', algorithm='fedrecon'), 'algorithm'),
         (run_settings.settings('synthetic', local_state='reconstruct', eval_protocol='full'),
-         None, 'eval_protocol'),
+         'eval_protocol'),
     ]
-    for settings, private, name in cases:
+    for settings, name in cases:
         with pytest.raises(SettingError) as raised:
-            export_settings.check_computations(settings, private)
+            export_settings.check_computations(settings)
         assert raised.value.name == name
         assert len(raised.value.flag_message().splitlines()) == 1
         assert 'refused by export' in raised.value.flag_message()
@@ -87,10 +85,12 @@ def test_saved_model_records_privacy_and_refuses_unknown_settings():
     export_settings.check_saved_model(base, ['dp_noise_multiplier', 'dp_clip'])
     with pytest.raises(SettingError, match='export does not know'):
         export_settings.check_saved_model(base, ['some_new_setting'])
-    hparams = {'task': 'synthetic', 'dp_noise_multiplier': 1.0, 'dp_clip': 0.1,
-               'dp_adaptive_clip': False, 'secure_aggregation': False}
-    assert export_settings.privacy_record(hparams) == {'dp_noise_multiplier': 1.0,
-                                                       'dp_clip': 0.1}
+    private = run_settings.settings('synthetic', dp_noise_multiplier=1.0, dp_clip=0.1)
+    export_settings.check_saved_model(private)
+    assert {k: v for k, v in private.hparams(num_users=50).items()
+            if k in export_settings.PRIVACY_SETTINGS} == {
+                'dp_noise_multiplier': 1.0, 'dp_clip': 0.1, 'dp_adaptive_clip': False,
+                'dp_delta': 0.02, 'secure_aggregation': False}
 
 
 def _run_cli(*args):

@@ -6,6 +6,7 @@ import pytest
 
 from tff_fedrecgel import recipes
 from tff_fedrecgel import run_settings
+from tff_fedrecgel import setting_changes
 from tff_fedrecgel.errors import DataError
 
 
@@ -60,23 +61,23 @@ def test_the_branch_follows_the_history_length_at_its_threshold():
 def test_the_banner_names_every_setting_the_preset_changed():
     profile = _profile(100, 6000)  # 60 per user: the gradient branch.
     auto = run_settings.settings('synthetic', data_profile=profile, client_fraction=0.5)
-    line = run_settings.preset_banner(auto, profile)
+    line = setting_changes.preset_banner(auto, profile)
     assert 'server_lr 0.001 -> 0.01' in line and 'num_negatives 4 -> 5' in line
     assert 'client_fraction' not in line  # Given explicitly: not the preset's.
     assert '60.0 interactions per user >= 50; negatives 300 / 60.0' in line
     short = _profile(100, 1000)
-    line = run_settings.preset_banner(run_settings.settings('synthetic', data_profile=short),
+    line = setting_changes.preset_banner(run_settings.settings('synthetic', data_profile=short),
                                       short)
     for part in ('update gradient -> model_delta', 'local_epochs 1 -> 5',
                  'server_lr 0.001 -> 0.003', 'num_negatives 4 -> 25',
                  '10.0 interactions per user < 50'):
         assert part in line
     amazon = run_settings.settings('amazon_video', preset='tuned')
-    line = run_settings.preset_banner(amazon, None)
+    line = setting_changes.preset_banner(amazon, None)
     for part in ('update gradient -> model_delta', 'local_epochs 1 -> 5',
                  'num_negatives 4 -> 32', 'server_lr 0.001 -> 0.003'):
         assert part in line
-    assert '--preset=auto learns' in run_settings.preset_banner(
+    assert '--preset=auto learns' in setting_changes.preset_banner(
         run_settings.settings('filmtrust'), None)
 
 

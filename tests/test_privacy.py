@@ -326,6 +326,16 @@ def test_train_reports_epsilon(tmp_path):
         epsilons = [float(row['train/dp_epsilon']) for row in csv.DictReader(f)]
     assert len(epsilons) == 2 and 0 < epsilons[0] < epsilons[1]
     assert epsilons[1] == pytest.approx(summary['dp_epsilon'])
+    # The privacy settings are settings: the Python API continues the run
+    # with them (same recorded settings, the accountant one round further).
+    from tff_fedrecgel import api  # pylint: disable=g-import-not-at-top
+
+    with api.Session():
+        experiment = api.load_run(tmp_path / 'dp')
+        assert not experiment.foreign_settings and experiment.settings.private
+        more = experiment.train(total_rounds=3)
+    assert more['dp_epsilon'] > summary['dp_epsilon']
+    assert json.loads((tmp_path / 'dp' / 'hparams.json').read_text())['dp_clip'] == 1.0
 
 
 def test_train_refuses_vectorized_dp(tmp_path):

@@ -11,6 +11,7 @@ from tests.test_train_program import _run
 from tests.test_train_program import _summary
 from tff_fedrecgel import methods
 from tff_fedrecgel import run_settings
+from tff_fedrecgel import setting_changes
 from tff_fedrecgel import sizes
 from tff_fedrecgel.errors import SettingError
 from tff_fedrecgel.launch import _config_file
@@ -48,8 +49,8 @@ def test_sizes_are_recorded_and_read_back():
     again, foreign = run_settings.Settings.from_hparams(json.loads(json.dumps(hparams)))
     assert again == run and not foreign
     assert run.client_work().chunk_size == 32
-    assert set(NEW) <= set(run_settings.changed_settings(hparams))
-    assert not set(NEW) & set(run_settings.changed_settings(
+    assert set(NEW) <= set(setting_changes.changed_settings(hparams))
+    assert not set(NEW) & set(setting_changes.changed_settings(
         run_settings.settings('synthetic').hparams()))
 
 

@@ -23,6 +23,7 @@ import tensorflow as tf
 from tensorboard.plugins.hparams import api_pb2
 
 from tff_fedrecgel import run_settings
+from tff_fedrecgel import setting_changes
 from tff_fedrecgel.data import preprocess
 from tff_fedrecgel.program import tensorboard_extras
 from tff_fedrecgel.program import tensorboard_hparams
@@ -67,9 +68,9 @@ def test_session_hparams_shows_changed_settings_first_and_ints_as_text():
 def test_changed_settings_compare_with_the_task_defaults():
     hparams = run_settings.settings('synthetic', preset='paper', seed=4).hparams()
     # synthetic's own preset is 'auto'; its radii and rounds are its defaults.
-    assert run_settings.changed_settings(hparams) == ['preset', 'seed']
+    assert setting_changes.changed_settings(hparams) == ['preset', 'seed']
     hparams.update(rho_sh=0.5, dp_clip=None, secure_aggregation=True)
-    assert run_settings.changed_settings(hparams) == ['preset', 'rho_sh', 'seed',
+    assert setting_changes.changed_settings(hparams) == ['preset', 'rho_sh', 'seed',
                                                       'secure_aggregation']
 
 

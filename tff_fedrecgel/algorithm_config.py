@@ -1,10 +1,11 @@
 """What a client and the server do in a round: the one owner of those
-settings' defaults and choices.
+settings' defaults.
 
 `ClientWorkConfig` is the client work's configuration and `ServerConfig`
 the server optimizer's; the run settings (`run_settings.Settings`), the
-flags, the algorithms' builders and the export take their defaults and
-choice lists from here. Imports no TensorFlow.
+flags, the algorithms' builders and the export take their defaults from
+here. Their choices and ranges are `settings_tree`'s, checked by the same
+rules as the run settings'. Imports no TensorFlow.
 """
 
 from __future__ import annotations
@@ -12,18 +13,19 @@ from __future__ import annotations
 import dataclasses
 import math
 
-LOCAL_STATES = ('persistent', 'reconstruct')
-UPDATE_MODES = ('gradient', 'model_delta')
-CLIENT_WEIGHTINGS = ('uniform', 'num_examples')
+from tff_fedrecgel import setting_checks
+from tff_fedrecgel.settings_tree import CLIENT_WEIGHTINGS
+from tff_fedrecgel.settings_tree import LOCAL_STATES
+from tff_fedrecgel.settings_tree import LOSS_REDUCTIONS
+from tff_fedrecgel.settings_tree import SERVER_OPTIMIZERS
+from tff_fedrecgel.settings_tree import UPDATE_MODES
+
 # Where the global part's SAM perturbation comes from (docs/ALGORITHM.md):
 # 'local' the client's own gradient (SAM), 'global_change' the last global
 # model change the server sends (FedLESAM), 'server' the server's SAM step on
-# what it broadcasts, the clients training without SAM (FedGloSS).
+# what it broadcasts, the clients training without SAM (FedGloSS). A method
+# fixes it (`methods.Method.global_perturbation`); it is not a setting.
 GLOBAL_PERTURBATIONS = ('local', 'global_change', 'server')
-LOSS_REDUCTIONS = ('chunk_sum', 'mean')
-# `tff.learning.optimizers` a server may apply to the averaged update
-# (`fedrecgel.build_server_optimizer`); Adam is the authors'.
-SERVER_OPTIMIZERS = ('adam', 'yogi', 'adagrad', 'sgdm', 'sgd')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,31 +78,16 @@ class ClientWorkConfig:
     global_perturbation: str = 'local'
 
     def __post_init__(self):
-        for name, value, allowed in (
-            ('global_perturbation', self.global_perturbation, GLOBAL_PERTURBATIONS),
-            ('loss_reduction', self.loss_reduction, LOSS_REDUCTIONS),
-            ('local_state', self.local_state, LOCAL_STATES),
-            ('update', self.update, UPDATE_MODES),
-            ('client_weighting', self.client_weighting, CLIENT_WEIGHTINGS),
-        ):
-            if value not in allowed:
-                raise ValueError(f'{name} must be one of {allowed}, got {value!r}')
-        for name in ('rho_sh', 'rho_ns'):
-            if not getattr(self, name) >= 0:  # Also refuses NaN.
-                raise ValueError(f'{name} must be >= 0, got {getattr(self, name)}')
-        for name in ('local_lr', 'client_lr'):
-            if not 0 < getattr(self, name) < float('inf'):
-                raise ValueError(f'{name} must be positive and finite, got '
-                                 f'{getattr(self, name)}')
+        setting_checks.check_config(self)  # The settings' own rules.
+        if self.global_perturbation not in GLOBAL_PERTURBATIONS:
+            raise ValueError(f'global_perturbation must be one of {GLOBAL_PERTURBATIONS}, '
+                             f'got {self.global_perturbation!r}')
         if self.sam_eta is not None and not 0 <= self.sam_eta < float('inf'):
             raise ValueError(f'sam_eta must be >= 0 and finite, got {self.sam_eta}')
         if self.global_perturbation != 'local' and (
                 self.update != 'model_delta' or self.rho_ns != 0 or self.sam_eta is not None):
             raise ValueError(f'global_perturbation={self.global_perturbation!r} needs '
                              "update='model_delta', rho_ns=0 and no sam_eta")
-        if self.chunk_size < 1 or self.local_epochs < 1 or self.reconstruction_steps < 1:
-            raise ValueError('chunk_size, local_epochs and reconstruction_steps '
-                             'must be positive')
 
     @property
     def persistent(self) -> bool:
@@ -120,12 +107,9 @@ class ServerConfig:
     optimizer: str = 'adam'
 
     def __post_init__(self):
-        if not 0 < self.learning_rate < float('inf'):
-            raise ValueError('the server learning rate must be positive, got '
-                             f'{self.learning_rate}')
-        if self.optimizer not in SERVER_OPTIMIZERS:
-            raise ValueError(f'unknown server optimizer {self.optimizer!r}; choose one of '
-                             f'{", ".join(SERVER_OPTIMIZERS)}')
+        # The run settings of these names: their rules, and their messages.
+        setting_checks.check_range('server_lr', self.learning_rate)
+        setting_checks.check_choice('server_optimizer', self.optimizer)
 
 
 CLIENT_WORK = ClientWorkConfig()

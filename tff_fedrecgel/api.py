@@ -43,7 +43,6 @@ instruction notices) are hidden as on the command line, unless
 
 from __future__ import annotations
 
-import atexit
 from collections.abc import Callable, Mapping
 import dataclasses
 import os
@@ -54,7 +53,7 @@ from tff_fedrecgel import export_settings
 from tff_fedrecgel import methods
 from tff_fedrecgel import sizes
 from tff_fedrecgel import recipes
-from tff_fedrecgel import runtime
+from tff_fedrecgel import sessions
 from tff_fedrecgel import tasks
 from tff_fedrecgel import tf_logs
 from tff_fedrecgel.data.preprocess import Split
@@ -69,76 +68,10 @@ from tff_fedrecgel.run_settings import settings
 tf_logs.quiet_tensorflow_logs()
 
 get_task = tasks.get_task
+Session = sessions.Session
+ensure_session = sessions.ensure_session
 TASK_NAMES = tasks.TASK_NAMES
 METHOD_NAMES = methods.METHOD_NAMES
-
-
-# ---------------------------------------------------------------------------
-# The TFF runtime.
-
-_open_sessions: list['Session'] = []
-_exit_hook = []
-
-
-def _register_exit_hook() -> None:
-    """At exit, also stop workers TFF started itself and leave TFF an inert
-    context (its default one fails noisily when collected at teardown)."""
-    if not _exit_hook:
-        atexit.register(runtime.shutdown_tff_workers)
-        _exit_hook.append(True)
-
-
-class Session:
-    """TFF's execution context and its worker process, for this process.
-
-    Use as a context manager (`with api.Session():`), or keep the object
-    and call `close()` (a notebook). The worker starts at the first
-    computation and stops on `close()`, at the end of the `with` block, or
-    with the process, however it ends (`runtime.LocalRuntime`).
-    """
-
-    def __init__(self, *, max_concurrent_computation_calls: int = -1):
-        """Opens the session: TFF computations run on its worker from now on.
-
-        Args:
-          max_concurrent_computation_calls: As TFF's local context (-1: no
-            limit).
-        """
-        _register_exit_hook()
-        self._runtime = runtime.LocalRuntime(
-            max_concurrent_computation_calls=max_concurrent_computation_calls).install()
-        _open_sessions.append(self)
-
-    @property
-    def open(self) -> bool:
-        return self in _open_sessions
-
-    @property
-    def worker_pid(self) -> int | None:
-        """The pid of the session's TFF worker while it runs, else None."""
-        return self._runtime.worker_pid
-
-    def close(self) -> None:
-        """Stops the worker and puts back the previous context (idempotent)."""
-        self._runtime.stop()
-        if self in _open_sessions:
-            _open_sessions.remove(self)
-
-    def __enter__(self) -> 'Session':
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-    @staticmethod
-    def current() -> 'Session | None':
-        """The innermost open session, or None."""
-        return _open_sessions[-1] if _open_sessions else None
-
-
-def ensure_session() -> Session:
-    """The open session; opens one (lasting until the process ends) if none is."""
-    return Session.current() or Session()
 
 
 def prepare_data(task: str, *, data_dir: str | os.PathLike | None = None,
@@ -203,7 +136,7 @@ class Experiment:
         """
         # Building imports TFF, whose default context fails noisily when
         # collected at the interpreter's exit unless the hook replaces it.
-        _register_exit_hook()
+        sessions.register_exit_hook()
         root = pathlib.Path(run_dir).expanduser().resolve()
         outputs.check_experiment_name(root.name)
         self.paths = outputs.ExperimentPaths(root)
@@ -248,8 +181,10 @@ class Experiment:
 
         run_settings = self.settings if total_rounds is None else dataclasses.replace(
             self.settings, total_rounds=total_rounds)
-        hparams = run_settings.hparams()
-        ensure_session()
+        hparams = run_settings.hparams(num_users=self.split.num_users)
+        report = run_settings.privacy_report(self.split.num_users)
+        if run_settings.secure_aggregation:
+            ensure_session().use_secure_sum()
 
         def run(check_stop):
             def round_end(round_num, released):
@@ -265,7 +200,9 @@ class Experiment:
                 rounds_per_checkpoint=run_settings.rounds_per_checkpoint,
                 hparams=hparams, validation=run_settings.validation, progress=progress,
                 on_round_end=round_end,
-                early_stopping_patience=run_settings.early_stopping_patience)
+                early_stopping_patience=run_settings.early_stopping_patience,
+                extra_train_metrics=report.round_metrics if report else None,
+                extra_summary=report.summary if report else None)
 
         with program.open_run(root_output_dir=self.paths.root.parent,
                               experiment_name=self.paths.root.name, hparams=hparams) as paths:
@@ -367,11 +304,9 @@ class Experiment:
         from tff_fedrecgel import serving  # pylint: disable=g-import-not-at-top
 
         export_settings.check_saved_model(self.settings, self.foreign_settings)
-        recorded = run_folder.read_hparams(self.paths.root) if self.foreign_settings else {}
         return serving.export_saved_model(self.model(), output_dir, metadata={
             'run_dir': str(self.paths.root), 'round': self.round_num,
-            'settings': {**self.settings.hparams(),
-                         **export_settings.privacy_record(recorded)}})
+            'settings': self.settings.hparams(num_users=self.split.num_users)})
 
 
 def experiment(task: str, *, run_dir: str | os.PathLike, split: Split | None = None,

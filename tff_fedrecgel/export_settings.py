@@ -35,9 +35,8 @@ HONOURS_OR_REFUSES = 'honours or refuses'
 KINDS = (HONOURS, IRRELEVANT, REFUSES, HONOURS_OR_REFUSES)
 EXPORTS = ('computations', 'saved_model')
 
-# The privacy settings as `hparams.json` records them (`PrivacySettings.hparams`).
-PRIVACY_SETTINGS = ('dp_noise_multiplier', 'dp_clip', 'dp_adaptive_clip', 'dp_delta',
-                    'secure_aggregation')
+# The privacy settings (`run_settings.Settings` fields, recorded when on).
+PRIVACY_SETTINGS = run_settings.PRIVACY_SETTINGS
 # Method families the SavedModel serves: a NeuMF with user embeddings (stored
 # or rebuilt). The others score with per-user models or have no model.
 SERVED_FAMILIES = (methods.FEDRECGEL, methods.FEDRECON, methods.CENTRAL)
@@ -146,10 +145,10 @@ def undecided() -> list[str]:
     """Settings of a run that `DECISIONS` does not cover (should be none).
 
     Returns:
-      Their names: `Settings` fields, then `PRIVACY_SETTINGS`.
+      Their names (`Settings` fields).
     """
     names = [f.name for f in dataclasses.fields(run_settings.Settings)]
-    return [n for n in names + list(PRIVACY_SETTINGS) if n not in DECISIONS]
+    return [n for n in names if n not in DECISIONS]
 
 
 def _refuse(name: str, reason: str, value: Any) -> SettingError:
@@ -160,14 +159,11 @@ def _in_use(value: Any) -> bool:
     return value not in (None, False)
 
 
-def check_computations(settings: run_settings.Settings,
-                       privacy: Mapping[str, Any] | None = None) -> None:
+def check_computations(settings: run_settings.Settings) -> None:
     """Refuses, in one line, a run the deployment's computations cannot honour.
 
     Args:
       settings: The settings the computations are built from.
-      privacy: The privacy settings, keyed as `PRIVACY_SETTINGS` (None or
-        False: off).
 
     Raises:
       SettingError: A method outside the FedRecGEL family, DP or secure
@@ -177,8 +173,7 @@ def check_computations(settings: run_settings.Settings,
     if not method.exports:
         raise _refuse('algorithm', 'the computations are the FedRecGEL family\'s process',
                       settings.algorithm)
-    values = {**{f.name: getattr(settings, f.name)
-                 for f in dataclasses.fields(run_settings.Settings)}, **(privacy or {})}
+    values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
     for name, decision in DECISIONS.items():
         if decision.computations == REFUSES and _in_use(values.get(name)):
             raise _refuse(name, decision.refusal, values[name])
@@ -211,18 +206,6 @@ def check_saved_model(settings: run_settings.Settings,
             raise _refuse(name, 'the run recorded a setting export does not know', None)
         if decision.saved_model == REFUSES:
             raise _refuse(name, f'the run recorded it; {decision.refusal}', None)
-
-
-def privacy_record(hparams: Mapping[str, Any]) -> dict[str, Any]:
-    """The privacy settings of a run's `hparams.json` (those set).
-
-    Args:
-      hparams: A run's recorded settings.
-
-    Returns:
-      Name -> value of the `PRIVACY_SETTINGS` that are on.
-    """
-    return {k: hparams[k] for k in PRIVACY_SETTINGS if _in_use(hparams.get(k))}
 
 
 def eval_protocols(settings: run_settings.Settings) -> tuple[str, ...]:

@@ -315,7 +315,7 @@ class PrivacySettings:
         """
         if not self.dp:
             return
-        report = self._report(clients_per_round, num_users)
+        report = self.report(clients_per_round=clients_per_round, num_users=num_users)
         for rounds in (1, total_rounds):
             try:
                 report.epsilon(rounds)
@@ -378,9 +378,10 @@ class PrivacySettings:
         aggregator = build_dp_aggregator(
             noise_multiplier=self.noise_multiplier, clients_per_round=clients_per_round,
             clip=self.clip, adaptive_clip=self.adaptive_clip, secure=self.secure_aggregation)
-        return aggregator, self._report(clients_per_round, num_users)
+        return aggregator, self.report(clients_per_round=clients_per_round, num_users=num_users)
 
-    def _report(self, clients_per_round: int, num_users: int) -> PrivacyReport:
+    def report(self, *, clients_per_round: int, num_users: int) -> PrivacyReport:
+        """The accounting of these DP settings for a cohort and population."""
         return PrivacyReport(
             noise_multiplier=self.noise_multiplier,
             sampling_probability=clients_per_round / num_users,

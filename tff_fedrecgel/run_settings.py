@@ -22,6 +22,7 @@ from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel import setting_checks
+from tff_fedrecgel import settings_tree
 from tff_fedrecgel import sizes
 from tff_fedrecgel import tasks
 from tff_fedrecgel.data import batching
@@ -29,11 +30,11 @@ from tff_fedrecgel.evaluation import protocols
 from tff_fedrecgel.errors import DataError
 from tff_fedrecgel.errors import SettingError
 
-SIMULATIONS = ('auto', 'vectorized', 'per_user')
+SIMULATIONS = settings_tree.SIMULATIONS
 PRESETS = recipes.PRESETS
 # `--eval_protocol`'s choices: the evaluation package's.
 EVAL_PROTOCOLS = protocols.CHOICES
-USER_STATE_STORES = ('memory', 'disk')
+USER_STATE_STORES = settings_tree.USER_STATE_STORES
 _WORK = algorithm_config.CLIENT_WORK
 _SERVER = algorithm_config.SERVER
 # Re-exported: the checks and bounds live in setting_checks.
@@ -69,88 +70,14 @@ def task_default(spec: tasks.Task, name: str) -> Any:
     return owned[name] if name in owned else default(name)
 
 
-def changed_settings(hparams: Mapping[str, Any]) -> list[str]:
-    """The recorded settings a run changed from its task's defaults.
-
-    A `Settings` field counts when its value differs from `task_default`
-    (whatever changed it: a flag, a preset or the method); a recorded name
-    that is not a field (a reader option ``data_*``, a privacy setting)
-    counts when it is set (neither None nor False).
-
-    Args:
-      hparams: A run's `hparams.json` (with its `task`).
-
-    Returns:
-      The changed names, in the order of `hparams`.
-
-    Raises:
-      DataError: If the task is unknown.
-    """
-    spec = tasks.get_task(hparams.get('task'))
-    fields = {f.name for f in dataclasses.fields(Settings)} - {'task', 'data_options'}
-    changed = []
-    for name, value in hparams.items():
-        if name in fields:
-            if (tuple(value) if isinstance(value, list) else value) != task_default(spec, name):
-                changed.append(name)
-        elif name != 'task' and value is not None and value is not False:
-            changed.append(name)
-    return changed
-
-
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Every setting of a run (`launch/train.py`'s flags of the same names).
 
     Build it with `settings(task, ...)`, which fills in the task's defaults.
-
-    Attributes:
-      task: A name of `TASK_NAMES`.
-      algorithm: A name of `METHOD_NAMES`.
-      data_dir: Folder of the raw file (None for synthetic data).
-      data_options: Reader options of the task (synthetic: `num_users`,
-        `num_items`, `seed`, ...; csv: `sep`, `user_col`, ...).
-      validation: Hold out each user's second-latest interaction too.
-      total_rounds, client_fraction: Rounds to run; fraction of users per
-        round.
-      clients_per_round: Cohort size (overrides `client_fraction`).
-      rho_sh, rho_ns: SAM radii of the global and the local part.
-      preset: The preset `settings` filled in (`recipes`): 'paper', 'tuned'
-        (the task's own), 'auto' (chosen for transfer) or a ``.json`` file;
-        None: the task's `default_preset`.
-      local_lr: Client Adam on the user embedding.
-      server_lr, server_optimizer: The server optimizer and its rate.
-      num_negatives: Training negatives per positive.
-      local_state: 'persistent' or 'reconstruct'.
-      reconstruction_steps: Adam steps of a reconstruction.
-      loss_reduction: 'chunk_sum' or 'mean'.
-      update: 'gradient' or 'model_delta' (then `local_epochs`, `client_lr`).
-      client_weighting: 'uniform' or 'num_examples'.
-      eval_protocol: A name of `EVAL_PROTOCOLS`: 'sampled', 'full' or 'both'.
-      eval_users: Evaluate a fixed random sample of this many users (the
-        same every round, method and seed) and report standard errors;
-        None: every user (`eval_sample`).
-      rounds_per_eval, rounds_per_full_eval, rounds_per_checkpoint:
-        Evaluation intervals (sampled; full ranking, None: as sampled) and
-        the checkpoint interval (0: no checkpoints).
-      seed: Initial weights, client sampling and negatives.
-      simulation: 'auto', 'vectorized' or 'per_user'.
-      user_state_store: Where every user's state (embedding, local Adam)
-        lives: 'memory', or 'disk' (memory-mapped in the run's
-        `user_states/`, read and written a cohort at a time; checkpoints
-        name a version of it, kept exact by an undo journal). FedRecGEL
-        methods with persistent local state.
-      max_group_examples: Padded examples per TFF client (vectorized).
-      sharpness_probe: Radius of the sharpness probe, or None.
-      heldout_users: Fraction of users never trained on nor sampled.
-      early_stopping_patience: With `validation`, stop after this many
-        evaluations without a better validation round (None: never).
-      gmf_dim, mlp_dim, mlp_layers: The NeuMF sizes (`sizes.ModelConfig`).
-      chunk_size: Examples per chunk of 'chunk_sum' (and per minibatch of
-        'model_delta').
-      top_ks: Cut-offs K of HR@K and NDCG@K (with `sizes.SELECT_K`).
-      eval_negatives: Sampled negatives the held-out item is ranked among
-        (the sampled protocol; full ranking needs none).
+    The attributes below are `settings_tree`'s, by concern; `data_options`
+    holds the task's reader options (synthetic: `num_users`, `num_items`,
+    `seed`, ...; csv: `sep`, `user_col`, ...).
     """
 
     task: str
@@ -193,6 +120,11 @@ class Settings:
     chunk_size: int = _WORK.chunk_size
     top_ks: tuple[int, ...] = sizes.TOP_KS
     eval_negatives: int = sizes.EVAL_NEGATIVES
+    dp_noise_multiplier: float | None = None
+    dp_clip: float | None = None
+    dp_adaptive_clip: bool = False
+    dp_delta: float | None = None
+    secure_aggregation: bool = False
 
     def __post_init__(self):
         for name in ('task', 'algorithm'):
@@ -204,18 +136,13 @@ class Settings:
         if self.preset not in PRESETS and not recipes.is_preset_file(self.preset):
             raise SettingError('preset', f'must be one of {PRESETS} or a .json file',
                                self.preset)
-        for name, allowed in (('simulation', SIMULATIONS),
-                              ('eval_protocol', EVAL_PROTOCOLS),
-                              ('user_state_store', USER_STATE_STORES),
-                              ('server_optimizer', tuple(methods.SERVER_OPTIMIZERS))):
-            if getattr(self, name) not in allowed:
-                raise SettingError(name, f'must be one of {allowed}', getattr(self, name))
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             kind, optional = setting_checks.field_kind(field)
             if kind is not None and not (optional and value is None) and field.name != 'data_dir':
                 check_type(field.name, value, kind)
             check_range(field.name, value)
+            setting_checks.check_choice(field.name, value)
         if self.data_dir is not None and (
                 not isinstance(self.data_dir, (str, os.PathLike)) or spec.raw_file is None):
             raise SettingError('data_dir', 'must be a folder or file name' if spec.raw_file
@@ -245,14 +172,24 @@ class Settings:
             raise SettingError('rounds_per_checkpoint', 'must be positive with '
                                'user_state_store=disk (its undo journal is trimmed at '
                                'checkpoints)', self.rounds_per_checkpoint)
+        if self.private and not methods.get_method(self.algorithm).private:
+            raise SettingError('algorithm', 'does not take DP or secure aggregation',
+                               self.algorithm)
         if self.early_stopping_patience and not self.validation:
             raise SettingError('early_stopping_patience', 'needs --validation (it watches '
                                'the validation item)', self.early_stopping_patience)
 
-    def hparams(self) -> dict[str, Any]:
-        """The settings as `hparams.json` records them (as launch/train.py)."""
+    def hparams(self, num_users: int | None = None) -> dict[str, Any]:
+        """The settings as `hparams.json` records them.
+
+        Args:
+          num_users: The population; with it, DP's default delta is recorded
+            as the value it takes (1 / users).
+        """
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name != 'data_options'}
+               if f.name not in ('data_options', *PRIVACY_SETTINGS)}
+        if self.private:
+            out.update(self.privacy().hparams(num_users=num_users))
         out['data_dir'] = os.path.abspath(self.data_dir) if self.data_dir else None
         out.update({name: list(getattr(self, name)) for name in setting_checks.INT_LISTS})
         out.update({f'data_{k}': v for k, v in sorted(self.data_options.items())})
@@ -285,6 +222,47 @@ class Settings:
             return cls(data_options=options, **values), foreign
         except (TypeError, ValueError) as e:
             raise DataError(f'unusable recorded settings: {e}') from None
+
+    @property
+    def private(self) -> bool:
+        """Whether the run has DP or secure aggregation (each acts on every
+        user's upload, so the run has one user per TFF client)."""
+        return self.dp_noise_multiplier is not None or self.secure_aggregation
+
+    def privacy(self):
+        """The `privacy.PrivacySettings` of these settings, checked.
+
+        Raises:
+          SettingError, ValueError: On inconsistent privacy settings.
+        """
+        from tff_fedrecgel.privacy import PrivacySettings  # pylint: disable=g-import-not-at-top
+
+        given = [f'dp_{n}' for n in ('clip', 'adaptive_clip', 'delta')
+                 if getattr(self, f'dp_{n}') not in (None, False)]
+        if self.dp_noise_multiplier is None and given:
+            raise SettingError(given[0], 'needs dp_noise_multiplier')
+        return PrivacySettings(noise_multiplier=self.dp_noise_multiplier, clip=self.dp_clip,
+                               adaptive_clip=self.dp_adaptive_clip, delta=self.dp_delta,
+                               secure_aggregation=self.secure_aggregation)
+
+    def checked_privacy(self, num_users: int, clients: int):
+        """The run's `PrivacySettings`, checked against its population and
+        cohort (no TFF).
+
+        Raises:
+          SettingError, ValueError: If DP cannot be accounted for this run,
+            or the settings contradict it.
+        """
+        if self.private and self.simulation == 'vectorized':
+            # A vectorized client uploads one mean per group of users.
+            raise ValueError('DP and secure aggregation act on each user\'s upload; drop '
+                             '--simulation=vectorized (auto runs one user per TFF client)')
+        privacy = self.privacy()
+        privacy.check_accounting(clients_per_round=clients, num_users=num_users,
+                                 total_rounds=self.total_rounds)
+        privacy.check_client_weighting(self.client_weighting)
+        privacy.hparams(num_users=num_users)  # Checks the population size.
+        return privacy
 
     def client_work(self):
         """The `ClientWorkConfig` of these settings (same names) and of the method."""
@@ -367,37 +345,55 @@ class Settings:
         return self.simulation == 'vectorized' or (
             self.simulation == 'auto' and not one_user_per_client)
 
-    def build_simulation(self, split, *, one_user_per_client: bool = False,
-                         model_aggregator=None, workers: str | None = None):
+    def build_simulation(self, split, *, model_aggregator=None, workers: str | None = None):
         """The `simulation.Simulation` of these settings (imports TFF).
+
+        DP and secure aggregation give the global update's aggregator and
+        one user per TFF client (each acts on every user's upload).
 
         Args:
           split: The loaded `data.Split`.
-          one_user_per_client: Run one user per TFF client whatever
-            `simulation` says (DP and secure aggregation act on each upload).
-          model_aggregator: The global update's aggregator (None: mean).
+          model_aggregator: The global update's aggregator (None: the
+            privacy settings', else the mean).
           workers: `host:port,...` of TFF worker services, or None.
 
         Returns:
           The simulation, not yet started.
 
         Raises:
-          ValueError: If the cohort exceeds the training users.
+          ValueError: If the cohort exceeds the training users, or the
+            privacy settings do not fit the run.
         """
         from tff_fedrecgel import simulation  # pylint: disable=g-import-not-at-top
 
+        clients = self.cohort(split.num_users)
+        if model_aggregator is None and self.private:
+            model_aggregator, _ = self.checked_privacy(split.num_users, clients).build(
+                clients_per_round=clients, num_users=split.num_users)
         return simulation.build_simulation(
             split=split, method=self.algorithm, work=self.client_work(),
-            clients_per_round=self.cohort(split.num_users), seed=self.seed,
+            clients_per_round=clients, seed=self.seed,
             server_lr=self.server_lr, server_optimizer=self.server_optimizer,
             num_negatives=self.num_negatives,
-            users_per_client=None if self.vectorized(one_user_per_client) else 1,
+            users_per_client=None if self.vectorized(self.private) else 1,
             max_group_examples=self.max_group_examples, model_aggregator=model_aggregator,
             workers=workers, sharpness_probe=self.sharpness_probe,
             heldout_fraction=self.heldout_users, eval_users=self.eval_users,
             model_sizes=self.model_sizes(), top_ks=self.top_ks,
             user_state_store=self.user_state_store)
 
+    def privacy_report(self, num_users: int):
+        """The run's `privacy_accounting.PrivacyReport` (None without DP)."""
+        privacy = self.privacy()
+        return privacy.report(clients_per_round=self.cohort(num_users),
+                              num_users=num_users) if privacy.dp else None
+
+
+Settings.__doc__ += '\n    Attributes:\n' + '\n'.join(
+    '  ' + line for line in settings_tree.described(
+        [f.name for f in dataclasses.fields(Settings)]).splitlines()) + '\n'
+# The privacy settings: recorded only when the run has DP or secure aggregation.
+PRIVACY_SETTINGS = tuple(s.name for s in settings_tree.leaf('privacy').settings)
 
 # Settings a preset file may not set: they name the run, not its recipe.
 NOT_PRESETTABLE = ('task', 'algorithm', 'data_dir', 'data_options', 'preset')
@@ -473,27 +469,3 @@ def settings(task: str, *, algorithm: str = methods.FEDRECGEL,
             **overrides)
     except TypeError as e:
         raise ValueError(f'unknown setting: {e}') from None
-
-
-
-def preset_banner(run: Settings, data_profile: recipes.DataProfile | None) -> str:
-    """One line saying which preset a run uses and every setting it changed.
-
-    Args:
-      run: The run's settings.
-      data_profile: The data's profile (as given to `settings`).
-    """
-    spec = tasks.get_task(run.task)
-    if run.preset == recipes.PAPER:
-        return ('preset paper: the paper\'s protocol, which ranks near item popularity '
-                '(docs/RESULTS.md); --preset=auto learns')
-    changed = []
-    for name, value in spec.preset(run.preset, data_profile).items():
-        before = task_default(spec, name)
-        if getattr(run, name, None) == value and value != before:
-            changed.append(f'{name} {before:g} -> {value:g}' if isinstance(value, (int, float))
-                           and not isinstance(value, bool) else f'{name} {before} -> {value}')
-    line = f'preset {run.preset}: ' + (', '.join(changed) or 'changes nothing here')
-    if run.preset == recipes.AUTO and data_profile is not None:
-        line += f' ({recipes.describe_auto(data_profile)})'
-    return line

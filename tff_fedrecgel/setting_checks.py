@@ -1,7 +1,8 @@
 """Type and range checks of the run settings (`run_settings.Settings`).
 
-Each numeric setting's range and each list setting's entries are written
-here once; the settings, their flags and `--help` read them. Imports no
+Each setting's range, entries and choices are `settings_tree`'s; the
+checks are written here once, for the run settings and for the client
+work's and the server's configurations. Imports no
 TensorFlow.
 """
 
@@ -15,46 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from tff_fedrecgel import sizes
+from tff_fedrecgel import settings_tree
 from tff_fedrecgel.errors import SettingError
 
-MAX_SEED = 2**32 - 1  # TFF's client sampling seeds numpy's RandomState.
-
-
-# 32-bit signed integers: what TensorFlow's counters and loop bounds hold.
-INT32_MAX = 2**31 - 1
-# Rounds a run may ask for (a round takes at least milliseconds).
-MAX_ROUNDS = 1_000_000
-# Local work per user and round: beyond these a round or an evaluation runs
-# for hours without changing the model any more.
-MAX_LOCAL_EPOCHS = 1_000
-MAX_RECONSTRUCTION_STEPS = 10_000
-# HR@K past this many items says nothing a user would see.
-MAX_TOP_K = 1_000
-
+MAX_SEED = settings_tree.MAX_SEED
 # Each numeric setting's range: (lowest, lowest allowed itself, highest).
-RANGES = {
-    'total_rounds': (1, True, MAX_ROUNDS),
-    **dict.fromkeys(('rounds_per_eval', 'rounds_per_full_eval', 'clients_per_round',
-                     'max_group_examples', 'early_stopping_patience', 'eval_users'),
-                    (1, True, INT32_MAX)),
-    'local_epochs': (1, True, MAX_LOCAL_EPOCHS),
-    'reconstruction_steps': (1, True, MAX_RECONSTRUCTION_STEPS),
-    **dict.fromkeys(('rounds_per_checkpoint', 'num_negatives'), (0, True, INT32_MAX)),
-    **dict.fromkeys(('rho_sh', 'rho_ns'), (0, True, None)),
-    'client_fraction': (0, False, 1),
-    **dict.fromkeys(('local_lr', 'server_lr', 'client_lr', 'sharpness_probe'),
-                    (0, False, None)),
-    'seed': (0, True, MAX_SEED),
-    'heldout_users': (0, True, 0.9),
-    'data_seed': (0, True, MAX_SEED),
-    **dict.fromkeys(('gmf_dim', 'mlp_dim'), (1, True, sizes.MAX_WIDTH)),
-    'chunk_size': (1, True, INT32_MAX),
-    'eval_negatives': (1, True, INT32_MAX),
-}
+RANGES = settings_tree.ranges()
 # Settings that are lists of ints: (what each entry is, lowest, highest).
-INT_LISTS = {'mlp_layers': ('width', 1, sizes.MAX_WIDTH),
-             'top_ks': ('cut-off', 1, MAX_TOP_K)}
+INT_LISTS = settings_tree.int_lists()
+# Settings with a list of allowed values.
+CHOICES = settings_tree.choices()
 
 
 def check_type(name: str, value: Any, kind: str) -> None:
@@ -96,6 +67,30 @@ def check_range(name: str, value: Any) -> None:
         raise SettingError(name, f'must be {">=" if low_inclusive else ">"} {low}', value)
     if high is not None and value > high:
         raise SettingError(name, f'must be <= {high}', value)
+
+
+def check_choice(name: str, value: Any) -> None:
+    """Refuses a value outside `name`'s choices (other names pass).
+
+    Raises:
+      SettingError: If `value` is not one of the choices.
+    """
+    if name in CHOICES and value not in CHOICES[name]:
+        raise SettingError(name, f'must be one of {CHOICES[name]}', value)
+
+
+def check_config(config: Any) -> None:
+    """Checks every field of a configuration dataclass that is a setting
+    (`algorithm_config.ClientWorkConfig`, `ServerConfig`): its choices and
+    range, the same rules as the run settings'.
+
+    Raises:
+      SettingError: On the first field out of its choices or range.
+    """
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        check_choice(field.name, value)
+        check_range(field.name, value)
 
 
 def field_kind(field: dataclasses.Field) -> tuple[str | None, bool]:

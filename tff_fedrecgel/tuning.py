@@ -38,6 +38,8 @@ import optuna
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel import run_settings
+from tff_fedrecgel import setting_checks
+from tff_fedrecgel import settings_tree
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.errors import DataError
 from tff_fedrecgel.evaluation import protocols
@@ -46,7 +48,6 @@ STUDY_FILE = 'study.db'
 STUDY_NAME = 'tune'
 BEST_PRESET = 'best_preset.json'
 DEFAULT_OBJECTIVE = 'valid_full/ndcg@10'
-UPDATE_MODES = ('gradient', 'model_delta')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,20 +83,20 @@ class Dimension:
         return trial.suggest_float(self.name, self.low, self.high, log=self.log)
 
 
-# The default search space: the levers that moved the validation metric in
-# the project's studies (docs/RESULTS.md).
-SEARCH_SPACE = (
-    Dimension('server_optimizer', choices=methods.SERVER_OPTIMIZERS[:4]),
-    Dimension('server_lr', 1e-4, 0.1, log=True),
-    Dimension('client_fraction', 0.05, 0.5, log=True, federated=True),
-    Dimension('update', choices=UPDATE_MODES),
-    Dimension('local_epochs', 1, 10, integer=True, needs_model_delta=True),
-    Dimension('client_lr', 1e-3, 0.3, log=True, needs_model_delta=True),
-    Dimension('num_negatives', 1, 32, integer=True, log=True),
-    Dimension('local_lr', 0.01, 1.0, log=True),
-    Dimension('rho_sh', 1e-3, 0.5, log=True, needs_sam=True),
-    Dimension('rho_ns', 1e-3, 0.5, log=True, needs_sam=True),
-)
+def _dimension(setting: settings_tree.Setting) -> Dimension:
+    """A setting's default search (`settings_tree.Search`) as a dimension."""
+    search = setting.search
+    kind, _ = setting_checks.field_kind(run_settings.Settings.__dataclass_fields__[setting.name])  # pylint: disable=no-member
+    return Dimension(setting.name, search.low, search.high, choices=search.choices,
+                     integer=kind == 'int', log=search.log,
+                     needs_sam=search.when == 'sam',
+                     needs_model_delta=search.when == 'model_delta',
+                     federated=search.when == 'federated')
+
+
+# The default search space (`settings_tree`'s searched settings): the levers
+# that moved the validation metric in the project's studies (docs/RESULTS.md).
+SEARCH_SPACE = tuple(_dimension(s) for s in settings_tree.searched())
 SPACE_NAMES = tuple(d.name for d in SEARCH_SPACE)
 
 

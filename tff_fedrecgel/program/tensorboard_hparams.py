@@ -49,7 +49,7 @@ from tensorboard.plugins.hparams import metadata
 from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.plugins.hparams import api as hparams_api
 
-from tff_fedrecgel import run_settings
+from tff_fedrecgel import setting_changes
 from tff_fedrecgel.program import outputs
 from tff_fedrecgel.errors import DataError
 from tff_fedrecgel.evaluation import protocols
@@ -115,7 +115,7 @@ def session_hparams(hparams: Mapping[str, Any]) -> tuple[dict[str, Any], list[st
       defaults (none without a known task), in that order.
     """
     try:
-        changed = set(run_settings.changed_settings(hparams))
+        changed = set(setting_changes.changed_settings(hparams))
     except DataError:  # No task to take defaults from: nothing marked changed.
         changed = set()
     changed |= {'algorithm', 'task'}
