@@ -318,8 +318,7 @@ def compose_round(
                                          outputs.weight)
         else:
             aggregated = aggregator.next(server_state.aggregator_state, outputs.update)
-        contributing = tff.federated_sum(
-            tff.federated_map(round_parts.contributing_users, (outputs.users, outputs.dropped)))
+        contributing = work.measurements.contributing
         finalized = finalizer.next(
             server_state.optimizer_state, server_state.global_weights,
             tff.federated_zip(collections.OrderedDict(update=aggregated.result,
@@ -334,7 +333,7 @@ def compose_round(
             round_num=tff.federated_map(_next_round, server_state.round_num),
             distributor_state=distributor_state, client_work_state=work.state))
         metrics = tff.federated_zip(round_parts.round_metrics(
-            lambda name: getattr(work.measurements, name),
+            lambda name: getattr(work.measurements.metrics, name),
             clients=tff.federated_sum(outputs.users),
             dropped_clients=tff.federated_sum(outputs.dropped),
             aggregation=aggregated.measurements))

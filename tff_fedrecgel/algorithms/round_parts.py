@@ -86,7 +86,8 @@ def build_client_work_process(client_work: tff.Computation, *, global_type: tff.
     `next(state@SERVER, weights@CLIENTS, client_states@CLIENTS,
     client_data@CLIENTS)` (without `client_states` in reconstruct mode) ->
     `MeasuredProcessOutput(state, result=the client update's outputs@CLIENTS,
-    measurements=the means of its metrics over contributing users@SERVER)`.
+    measurements=(metrics: the means of its metrics over contributing users,
+    contributing: their count)@SERVER)`.
 
     Args:
       client_work: The client update as a TF computation.
@@ -106,8 +107,12 @@ def build_client_work_process(client_work: tff.Computation, *, global_type: tff.
         contributing = tff.federated_map(contributing_users, (outputs.users, outputs.dropped))
         means = tff.federated_mean(outputs.metrics,
                                    weight=tff.federated_map(_as_float, contributing))
-        return tff.templates.MeasuredProcessOutput(state=state, result=outputs,
-                                                   measurements=means)
+        # The round's count of contributing users comes with the means, so
+        # that nothing maps over the clients again.
+        return tff.templates.MeasuredProcessOutput(
+            state=state, result=outputs, measurements=tff.federated_zip(
+                collections.OrderedDict(metrics=means,
+                                        contributing=tff.federated_sum(contributing))))
 
     if client_state_type is not None:
         @tff.federated_computation(state_at, weights_at,
