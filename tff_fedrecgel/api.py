@@ -183,8 +183,9 @@ class Experiment:
             self.settings, total_rounds=total_rounds)
         hparams = run_settings.hparams(num_users=self.split.num_users)
         report = run_settings.privacy_report(self.split.num_users)
+        session = ensure_session()
         if run_settings.secure_aggregation:
-            ensure_session().use_secure_sum()
+            session.use_secure_sum()
 
         def run(check_stop):
             def round_end(round_num, released):

@@ -49,9 +49,13 @@ def run_here_or_in_thread(run: Callable[[Callable[[], None]], Any]) -> Any:
 
     thread = threading.Thread(target=target, name='fedrecgel-training', daemon=True)
     thread.start()
-    while thread.is_alive():
+    while True:
+        # The whole wait is inside the try: an interrupt that lands between
+        # two joins would otherwise escape and leave the thread training.
         try:
-            thread.join(0.1)
+            while thread.is_alive():
+                thread.join(0.1)
+            break
         except KeyboardInterrupt:
             stop.set()
     if isinstance(outcome.get('error'), _StopTraining) or (
