@@ -58,8 +58,14 @@ def _row_specs(runs: pd.DataFrame, dataset: str):
         if kind == 'paper' and not ((runs.dataset == dataset) & (runs.kind == 'paper')).any():
             continue  # The tuned preset is the paper's settings here.
         yield kind, method, label
-    for method in peers_study.PEER_SETTINGS:
-        yield 'peer', method, f'{_report.LABELS[method]}, {peers_study.settings_source(method)}'
+    for kind, method in _compared():
+        yield kind, method, f'{_report.LABELS[method]}, {peers_study.settings_source(method)}'
+
+
+def _compared() -> list[tuple[str, str]]:
+    """(kind, method) of the rows the plan runs: each peer, then FedSAM's control."""
+    return [('peer', m) for m in peers_study.PEER_SETTINGS] + [
+        ('control', peers_study.CONTROL_METHOD)]
 
 
 def _closed(runs: pd.DataFrame, dataset: str, kind: str, method: str) -> str:
@@ -94,32 +100,44 @@ def dataset_table(runs: pd.DataFrame, dataset: str) -> list[str]:
     return lines + ['']
 
 
+def _paired_cells(base: pd.DataFrame, other: pd.DataFrame) -> tuple[list[str], int]:
+    """`base` minus `other` (indexed by seed) in points, mean ± standard error,
+    per `PAIRED` column; and the number of seeds both have."""
+    seeds = sorted(set(base.index) & set(other.index))
+    cells = []
+    for selection, metric, _ in PAIRED:
+        diff = _recipe_report.paired_points(base, other, f'{selection}:{metric}') if seeds else None
+        if diff is None:
+            cells.append('—')
+            continue
+        error = f' ± {diff.std(ddof=1) / math.sqrt(len(diff)):.2f}' if len(diff) > 1 else ''
+        cells.append(f'{diff.mean():+.2f}{error}')
+    return cells, len(seeds)
+
+
 def paired_lines(runs: pd.DataFrame) -> list[str]:
-    """FedRecGEL (tuned preset) minus each peer method, paired by seed: the
-    mean difference in points with its standard error."""
+    """FedRecGEL (tuned preset) minus each compared method, and FedSAM minus
+    its control, paired by seed: mean differences in points, standard errors."""
+    head = '| ' + ' | '.join(h for _, _, h in PAIRED) + ' | seeds |'
+    rule = '|---|---|' + '---|' * (len(PAIRED) + 1)
     lines = ['### FedRecGEL (tuned preset) minus each method, paired by seed (points, '
-             'mean ± standard error)', '',
-             '| dataset | method | ' + ' | '.join(h for _, _, h in PAIRED) + ' | seeds |',
-             '|---|---|' + '---|' * (len(PAIRED) + 1)]
+             'mean ± standard error)', '', '| dataset | method ' + head, rule]
+    control = ['### FedSAM minus the same local training without SAM, paired by seed '
+               '(points, mean ± standard error)', '', '| dataset | rows ' + head, rule]
     for dataset in study.DATASETS:
+        title = _report.TITLES[dataset]
         base = _rows(runs, dataset, *BASELINE).set_index('seed')
-        for method in peers_study.PEER_SETTINGS:
-            other = _rows(runs, dataset, 'peer', method).set_index('seed')
-            seeds = sorted(set(base.index) & set(other.index))
-            if not seeds:
-                continue
-            cells = []
-            for selection, metric, _ in PAIRED:
-                diff = _recipe_report.paired_points(base, other, f'{selection}:{metric}')
-                if diff is None:
-                    cells.append('—')
-                    continue
-                error = (f' ± {diff.std(ddof=1) / math.sqrt(len(diff)):.2f}'
-                         if len(diff) > 1 else '')
-                cells.append(f'{diff.mean():+.2f}{error}')
-            lines.append(f'| {_report.TITLES[dataset]} | {_report.LABELS[method]} | '
-                         f'{" | ".join(cells)} | {len(seeds)} |')
-    return lines + ['']
+        for kind, method in _compared():
+            cells, seeds = _paired_cells(base, _rows(runs, dataset, kind, method).set_index('seed'))
+            if seeds:
+                label = _report.LABELS[method] + (' (no SAM)' if kind == 'control' else '')
+                lines.append(f'| {title} | {label} | {" | ".join(cells)} | {seeds} |')
+        cells, seeds = _paired_cells(
+            _rows(runs, dataset, 'peer', 'fedsam').set_index('seed'),
+            _rows(runs, dataset, 'control', peers_study.CONTROL_METHOD).set_index('seed'))
+        if seeds:
+            control.append(f'| {title} | FedSAM − FedNCF | {" | ".join(cells)} | {seeds} |')
+    return lines + [''] + (control + [''] if len(control) > 4 else [])
 
 
 def tables_block(runs: pd.DataFrame) -> str:

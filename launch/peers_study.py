@@ -13,6 +13,10 @@ from collections.abc import Sequence
 from tff_fedrecgel.launch import study
 from tff_fedrecgel.launch.study import Run
 
+# FedLESAM's authors' train.py defaults: 5 local epochs of SGD at 0.1 on
+# minibatches of 25, the server adding the mean change (SGD at 1).
+_FEDLESAM_TRAINING = ('--local_epochs=5', '--client_lr=0.1', '--chunk_size=25',
+                      '--server_optimizer=sgd', '--server_lr=1')
 # PFedRec's authors train every user every round (their code's defaults:
 # 4 negatives, 1 local epoch, which are the project's defaults too).
 PEER_SETTINGS = {
@@ -21,29 +25,30 @@ PEER_SETTINGS = {
     # (FedRAP's other settings are `algorithm_config.FEDRAP`, fixed).
     'gpfedrec': ('--client_fraction=1',),
     'fedrap': ('--client_fraction=1',),
-    # FedLESAM's authors' train.py defaults: 5 local epochs of SGD at 0.1 on
-    # minibatches of 25, rho 0.1, the server adding the mean change (SGD at 1).
-    'fedlesam': ('--local_epochs=5', '--client_lr=0.1', '--chunk_size=25', '--rho_sh=0.1',
-                 '--server_optimizer=sgd', '--server_lr=1'),
+    'fedlesam': (*_FEDLESAM_TRAINING, '--rho_sh=0.1'),
     # FedSAM and FedASAM train as FedLESAM's row does (their own radii,
     # 0.05 and 0.7 with eta 0.2), so the three differ only in where the
     # shared part's perturbation comes from.
-    'fedsam': ('--local_epochs=5', '--client_lr=0.1', '--chunk_size=25',
-               '--server_optimizer=sgd', '--server_lr=1'),
-    'fedasam': ('--local_epochs=5', '--client_lr=0.1', '--chunk_size=25',
-                '--server_optimizer=sgd', '--server_lr=1'),
+    'fedsam': _FEDLESAM_TRAINING,
+    'fedasam': _FEDLESAM_TRAINING,
     # FedGloSS's authors' CIFAR-10 command: 1 local epoch of SGD at 0.01 on
     # minibatches of 64, server SGD at 1, server rho 0.15.
     'fedgloss': ('--local_epochs=1', '--client_lr=0.01', '--chunk_size=64', '--rho_sh=0.15',
                  '--server_optimizer=sgd', '--server_lr=1'),
 }
+# The control of FedSAM's row: the same local training without SAM (FedNCF
+# uploading its change, i.e. FedAvg), so that FedSAM minus it is what local
+# SAM adds. Its runs are named control_<method>_seed<s>; it runs with FedSAM.
+CONTROL_METHOD = 'fedncf'
+CONTROL_SETTINGS = (*_FEDLESAM_TRAINING, '--update=model_delta')
 PEER_SEEDS = 5
 # The floors every seed gets: popularity, and each user's own history first
 # (where test items repeat training pairs, as on LastFM-2K, remembering
 # the history is worth much of a full-ranking figure).
 FLOORS = ('itempop', 'history')
 # What a row's settings are, where they are not its authors' own.
-SETTINGS_SOURCE = {'fedsam': 'FedLESAM\'s local training', 'fedasam': 'FedLESAM\'s local training'}
+SETTINGS_SOURCE = {'fedsam': 'FedLESAM\'s local training', 'fedasam': 'FedLESAM\'s local training',
+                   CONTROL_METHOD: 'FedLESAM\'s local training, no SAM (FedSAM\'s control)'}
 
 
 def settings_source(method: str) -> str:
@@ -54,8 +59,8 @@ def settings_source(method: str) -> str:
 def peers_plan(datasets: Sequence[str] = study.DATASETS,
                methods: Sequence[str] = tuple(PEER_SETTINGS),
                seeds: int = PEER_SEEDS) -> list[Run]:
-    """The peers study's runs: per dataset the floors, then each peer method,
-    `seeds` seeds each, lowest seeds first.
+    """The peers study's runs: per dataset the floors, then each peer method
+    (and FedSAM's control with FedSAM), `seeds` seeds each, lowest seeds first.
 
     Args:
       datasets: Task names.
@@ -82,4 +87,8 @@ def peers_plan(datasets: Sequence[str] = study.DATASETS,
                      for floor in FLOORS]
             runs += [Run(name=f'{dataset}/peer_{m}_seed{s}', method=m, seed=s,
                          extra=PEER_SETTINGS[m], **common) for m in methods]
+            if 'fedsam' in methods:
+                runs.append(Run(name=f'{dataset}/control_{CONTROL_METHOD}_seed{s}',
+                                method=CONTROL_METHOD, seed=s, extra=CONTROL_SETTINGS,
+                                **common))
     return sorted(runs, key=lambda run: (run.seed, run.name))

@@ -16,9 +16,21 @@ from tff_fedrecgel.launch import study
 
 def test_the_plan_runs_the_sam_family_with_one_local_training():
     runs = peers_study.peers_plan(datasets=['lastfm_2k'], seeds=1)
-    assert {r.method for r in runs} == {*peers_study.FLOORS, *peers_study.PEER_SETTINGS}
+    assert {r.method for r in runs} == {*peers_study.FLOORS, *peers_study.PEER_SETTINGS,
+                                        peers_study.CONTROL_METHOD}
     assert {'fedsam', 'fedasam', 'fedlesam', 'fedgloss'} <= set(peers_study.PEER_SETTINGS)
     by_method = {r.method: r for r in runs}
+    # FedSAM's control: the same local training, no SAM, uploading the change.
+    control = by_method[peers_study.CONTROL_METHOD]
+    assert control.name == 'lastfm_2k/control_fedncf_seed0'
+    assert set(control.extra) == set(by_method['fedsam'].extra) | {'--update=model_delta'}
+    extra = dict(f[2:].split('=') for f in control.extra)
+    assert run_settings.settings('lastfm_2k', algorithm='fedncf', **{
+        k: (v if k in ('server_optimizer', 'update') else float(v) if '.' in v else int(v))
+        for k, v in extra.items()}).rho_sh == 0.0
+    assert peers_study.CONTROL_METHOD not in {
+        r.method for r in peers_study.peers_plan(datasets=['lastfm_2k'], methods=['pfedrec'],
+                                                 seeds=1)}
     # FedSAM, FedASAM and FedLESAM differ only in where the perturbation
     # comes from (and their radius).
     local = {f for f in by_method['fedlesam'].extra if not f.startswith('--rho_sh')}
@@ -47,6 +59,11 @@ def _studies(tmp_path):
         # PFedRec 1, 2 and 3 points of full-ranking HR@10 below FedRecGEL.
         _fake_recipe_run(peers, f'lastfm_2k/peer_pfedrec_seed{seed}', method='pfedrec',
                          seed=seed, hr=0.7, full_hr=0.29 - 0.01 * seed)
+        # FedSAM 1 point above its control on every seed.
+        _fake_recipe_run(peers, f'lastfm_2k/peer_fedsam_seed{seed}', method='fedsam',
+                         seed=seed, hr=0.7, full_hr=0.21)
+        _fake_recipe_run(peers, f'lastfm_2k/control_fedncf_seed{seed}', method='fedncf',
+                         seed=seed, hr=0.7, full_hr=0.20)
     recipe_csv = tmp_path / 'recipe_runs.csv'
     study.collect_recipe(recipe).to_csv(recipe_csv, index=False)
     results = tmp_path / 'RESULTS.md'
@@ -74,7 +91,11 @@ def test_the_report_frames_each_method_and_pairs_it_with_fedrecgel(studies, tmp_
     # Paired: +1, +2, +3 points; standard error 1 / sqrt(3).
     paired = next(line for line in block.splitlines() if line.startswith('| LastFM-2K | PFedRec'))
     assert '| +2.00 ± 0.58 |' in paired and paired.endswith('| 3 |')
-    assert len(pd.read_csv(peers_csv)) == 6
+    control = next(line for line in block.splitlines()
+                   if line.startswith('| LastFM-2K | FedSAM − FedNCF'))
+    assert '| +1.00 ± 0.00 |' in control and control.endswith('| 3 |')
+    assert 'FedNCF, FedLESAM\'s local training, no SAM' in block
+    assert len(pd.read_csv(peers_csv)) == 12
     # With the folders gone, the kept rows give the same tables.
     shutil.rmtree(peers)
     results.write_text(f'{_peers_report.BEGIN}\n{_peers_report.END}\n')

@@ -180,7 +180,8 @@ def test_the_peers_plan_runs_each_peer_under_its_authors_settings():
     assert '--algorithm=pfedrec' in flags and '--client_fraction=1' in flags
     assert '--heldout_users=0.1' in flags and '--validation' in flags
     every = peers_study.peers_plan(datasets=['filmtrust'], seeds=1)
-    assert {r.method for r in every} == {*peers_study.FLOORS, *peers_study.PEER_SETTINGS}
+    assert {r.method for r in every} == {*peers_study.FLOORS, *peers_study.PEER_SETTINGS,
+                                         peers_study.CONTROL_METHOD}
     assert '--client_fraction=1' in next(r for r in every if r.method == 'gpfedrec').flags('/d')
     with pytest.raises(ValueError, match='no peer settings for fedrecgel'):
         peers_study.peers_plan(methods=['fedrecgel'])
