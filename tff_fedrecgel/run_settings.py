@@ -172,6 +172,8 @@ class Settings:
             raise SettingError('rounds_per_checkpoint', 'must be positive with '
                                'user_state_store=disk (its undo journal is trimmed at '
                                'checkpoints)', self.rounds_per_checkpoint)
+        if any(getattr(self, name) not in (None, False) for name in PRIVACY_SETTINGS):
+            self.privacy()  # A DP setting without DP, or a value out of range, is refused.
         if self.private and not methods.get_method(self.algorithm).private:
             raise SettingError('algorithm', 'does not take DP or secure aggregation',
                                self.algorithm)
