@@ -172,6 +172,10 @@ class Settings:
             raise SettingError('rounds_per_checkpoint', 'must be positive with '
                                'user_state_store=disk (its undo journal is trimmed at '
                                'checkpoints)', self.rounds_per_checkpoint)
+        if self.private and self.simulation == 'vectorized':
+            # A vectorized client uploads one mean per group of users.
+            raise ValueError('DP and secure aggregation act on each user\'s upload; drop '
+                             '--simulation=vectorized (auto runs one user per TFF client)')
         if any(getattr(self, name) not in (None, False) for name in PRIVACY_SETTINGS):
             self.privacy()  # A DP setting without DP, or a value out of range, is refused.
         if self.private and not methods.get_method(self.algorithm).private:
@@ -255,10 +259,6 @@ class Settings:
           SettingError, ValueError: If DP cannot be accounted for this run,
             or the settings contradict it.
         """
-        if self.private and self.simulation == 'vectorized':
-            # A vectorized client uploads one mean per group of users.
-            raise ValueError('DP and secure aggregation act on each user\'s upload; drop '
-                             '--simulation=vectorized (auto runs one user per TFF client)')
         privacy = self.privacy()
         privacy.check_accounting(clients_per_round=clients, num_users=num_users,
                                  total_rounds=self.total_rounds)
