@@ -75,10 +75,6 @@ def _settings(task, data_profile=None) -> run_settings.Settings:
     if simulation_flags.CLIENTS_PER_ROUND.present and simulation_flags.CLIENT_FRACTION.present:
         raise ValueError('give --clients_per_round or --client_fraction, not both')
     _check_method(algo.ALGORITHM.value, private=_private())
-    needs_dp = [f'--{name}' for name in ('dp_clip', 'dp_adaptive_clip', 'dp_delta')
-                if flags.FLAGS[name].present]
-    if flags.FLAGS.dp_noise_multiplier is None and needs_dp:
-        raise ValueError(f'{", ".join(needs_dp)} needs --dp_noise_multiplier')
     return algo.settings(task, data_profile)
 
 

@@ -102,7 +102,7 @@ def test_privacy_settings_are_settings():
     """DP runs are ordinary settings: recorded, read back and checked."""
     private = run_settings.settings('synthetic', dp_noise_multiplier=1.0, dp_clip=0.5)
     assert private.private and private.privacy().dp
-    with pytest.raises(SettingError, match='dp_clip needs dp_noise_multiplier'):
+    with pytest.raises(SettingError, match='dp_clip needs --dp_noise_multiplier'):
         run_settings.settings('synthetic', dp_clip=0.5)
     with pytest.raises(SettingError, match='algorithm does not take DP'):
         run_settings.settings('synthetic', algorithm='central', secure_aggregation=True)

@@ -246,7 +246,7 @@ class Settings:
         given = [f'dp_{n}' for n in ('clip', 'adaptive_clip', 'delta')
                  if getattr(self, f'dp_{n}') not in (None, False)]
         if self.dp_noise_multiplier is None and given:
-            raise SettingError(given[0], 'needs dp_noise_multiplier')
+            raise SettingError(given[0], 'needs --dp_noise_multiplier')
         return PrivacySettings(noise_multiplier=self.dp_noise_multiplier, clip=self.dp_clip,
                                adaptive_clip=self.dp_adaptive_clip, delta=self.dp_delta,
                                secure_aggregation=self.secure_aggregation)
