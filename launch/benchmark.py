@@ -80,6 +80,10 @@ _RHO_NS = flags.DEFINE_float('rho_ns', None, 'Default: the task\'s.')
 _MAX_GROUP_EXAMPLES = flags.DEFINE_integer(
     'max_group_examples', 16384, 'vectorized: padded examples per TFF client.')
 _EVAL = flags.DEFINE_bool('eval', True, 'Also time the evaluation of all users.')
+_STATE_ROUND_TRIP = flags.DEFINE_integer(
+    'state_round_trip', 0, 'Also time this many calls of a TFF computation that '
+    'returns the server state it is given: what passing the state into TFF\'s '
+    'worker and back costs a round.')
 _EVAL_USERS = flags.DEFINE_integer(
     'eval_users', None, 'sampled: evaluate a fixed sample of this many users '
     '(as launch/train.py --eval_users) instead of all of them.', lower_bound=1)
@@ -99,6 +103,14 @@ _USERS_PER_CALL = flags.DEFINE_integer(
     "module's).")
 _ITEM_BLOCK = flags.DEFINE_integer(
     'item_block', None, "full: items per matrix product (default: the module's).")
+_USERS_PER_STEP = flags.DEFINE_integer(
+    'users_per_step', None, "full: users scored together (default: the module's, "
+    'one; 32 with --item_block=256 is the fastest measured, at float rounding '
+    'from the default).')
+_COMPARE_RANKS = flags.DEFINE_bool(
+    'compare_ranks', False, "full: also rank every user with the module's default "
+    'scorer and count the users whose rank differs (with --users_per_step or '
+    '--item_block).')
 _CHECK_FEDERATED = flags.DEFINE_integer(
     'check_federated', 0,
     'full: also evaluate the first N users with the federated computation '
@@ -212,11 +224,29 @@ def _measure(split, work, clients: int) -> dict:
         'build_seconds': round(build_seconds, 2),
         'warmup_seconds': round(warmup_seconds, 2),
     }
+    if _STATE_ROUND_TRIP.value > 0:
+        result.update(_state_round_trip(simulation.algorithm, _STATE_ROUND_TRIP.value))
     if metrics:
         result['hr@10_after'] = round(metrics['hr@10'], 4)
         if 'hr@10_se' in metrics:
             result['hr@10_after_se'] = round(metrics['hr@10_se'], 4)
     return result
+
+
+def _state_round_trip(algorithm, calls: int) -> dict:
+    """Median seconds of passing the server state into TFF's worker and back."""
+    # pylint: disable=g-import-not-at-top
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow_federated as tff
+    # pylint: enable=g-import-not-at-top
+    state = algorithm.server_state
+    echo = tff.federated_computation(
+        lambda s: s, algorithm.pieces.process.next.type_signature.parameter[0])
+    echo(state)
+    times = [_timed(lambda: echo(state))[0] for _ in range(calls)]
+    return {'state_mb': round(sum(np.asarray(t).nbytes for t in tf.nest.flatten(state)) / 1e6, 2),
+            'state_round_trip_seconds': round(float(np.median(times)), 4)}
 
 
 def _timed(fn) -> tuple[float, float]:
@@ -264,6 +294,8 @@ def _measure_full(split, work, clients: int) -> dict:
         options['users_per_call'] = _USERS_PER_CALL.value
     if _ITEM_BLOCK.value is not None:
         options['item_block'] = _ITEM_BLOCK.value
+    if _USERS_PER_STEP.value is not None:
+        options['users_per_step'] = _USERS_PER_STEP.value
 
     def evaluate():
         return full_ranking.evaluate_full(
@@ -320,6 +352,12 @@ def _measure_full(split, work, clients: int) -> dict:
         'setup_peak_rss_mb': round(setup_peak_rss_mb, 1),
         'full_metrics': {k: round(v, 4) for k, v in metrics.items()},
     }
+    if _COMPARE_RANKS.value:
+        ranks = full_ranking.full_ranks(config, weights, tables, split.test_items, csr,
+                                        **options)
+        default = full_ranking.full_ranks(config, weights, tables, split.test_items, csr)
+        result['ranks_differing_from_default'] = int(np.sum(ranks != default))
+        result['max_rank_change_from_default'] = int(np.max(np.abs(ranks - default)))
     if _CHECK_FEDERATED.value:
         result.update(_check_federated(
             config, weights, tables, split.test_items, csr,

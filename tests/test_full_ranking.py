@@ -178,12 +178,13 @@ def test_scoring_flops_counts_factored_multiply_adds():
 
 
 @pytest.mark.parametrize('config', [TINY, TINY_GMF], ids=['neumf', 'gmf'])
-@pytest.mark.parametrize('users_per_call,item_block', [(5, 16), (64, 50), (1, 7)])
-def test_full_ranks_match_brute_force(config, users_per_call, item_block):
+@pytest.mark.parametrize('users_per_call,item_block,users_per_step',
+                         [(5, 16, 1), (5, 16, 3), (64, 50, 32), (1, 7, 4), (64, 256, 32)])
+def test_full_ranks_match_brute_force(config, users_per_call, item_block, users_per_step):
     weights, tables, heldout, csr = _problem(config)
     ranks = full_ranking._full_ranks(
-        config, weights, tables, heldout, csr,
-        users_per_call=users_per_call, item_block=item_block)
+        config, weights, tables, heldout, csr, users_per_call=users_per_call,
+        item_block=item_block, users_per_step=users_per_step)
     expected = _np_ranks(_np_scores(config, weights, tables), heldout, csr)
     np.testing.assert_array_equal(ranks, expected)
     # The constructed cases are present: exact ties, the target in training,
@@ -260,9 +261,10 @@ def test_evaluate_full_traces_once():
         full_ranking.evaluate_full(
             config, weights, tables, heldout, csr, users_per_call=per_call,
             item_block=8)
-    ranker = full_ranking._block_ranker(config, 8)
+    step = full_ranking.DEFAULT_USERS_PER_STEP
+    ranker = full_ranking._block_ranker(config, 8, step)
     assert ranker.experimental_get_tracing_count() == 1
-    assert full_ranking._user_scorer(config, 8).experimental_get_tracing_count() == 1
+    assert full_ranking._scorer(config, 8, step).experimental_get_tracing_count() == 1
 
 
 def test_evaluate_full_rejects_bad_input():
@@ -282,6 +284,7 @@ def test_evaluate_full_rejects_bad_input():
         dict(local_tables=[tables[0][:4], tables[1][:4]]),
         dict(global_weights=weights[:-1]),
         dict(users_per_call=0),
+        dict(users_per_step=0),
     ]:
         with pytest.raises(ValueError):
             run(**bad)
@@ -353,10 +356,15 @@ def test_benchmark_full_protocol_reports_rates(tmp_path):
     code, output = _run_benchmark(
         ['--task=synthetic', '--num_users=40', '--num_items=300',
          '--eval_protocol=full', '--warmup=1', '--rounds=1', '--matmul_size=64',
-         '--matmul_reps=2', '--check_federated=12'], tmp_path)
+         '--matmul_reps=2', '--check_federated=12', '--users_per_step=4',
+         '--item_block=64', '--compare_ranks'], tmp_path)
     assert code == 0, output
     result = json.loads(output.strip().splitlines()[-1])
     assert result['users'] == 40 and result['items'] > 99
+    # Four users per product against the default's one: rounding moves a
+    # rank by at most one place, if at all.
+    assert result['max_rank_change_from_default'] <= 1
+    assert 0 <= result['ranks_differing_from_default'] <= 40
     for key in ('full_eval_seconds', 'full_gflops', 'matmul_gflops',
                 'ratio_to_matmul', 'eval_peak_rss_mb'):
         assert result[key] > 0, key
@@ -371,3 +379,14 @@ def test_benchmark_rejects_bad_matmul_size(tmp_path):
          '--eval_protocol=full', '--matmul_size=0'], tmp_path)
     assert code == 2
     assert output.strip().splitlines()[-1].startswith('error: ')
+
+
+def test_benchmark_times_the_state_round_trip(tmp_path):
+    code, output = _run_benchmark(
+        ['--task=synthetic', '--num_users=40', '--num_items=300', '--warmup=1',
+         '--rounds=1', '--noeval', '--state_round_trip=2'], tmp_path)
+    assert code == 0, output
+    result = json.loads(output.strip().splitlines()[-1])
+    # The global weights alone are items x (GMF + MLP) floats.
+    assert result['state_mb'] > 300 * (32 + 128) * 4 / 1e6
+    assert result['state_round_trip_seconds'] > 0

@@ -16,12 +16,18 @@ Two paths compute the same numbers:
   its own embedding, excludes its own training items, and only its metrics
   leave the device, averaged by `federated_mean`.
 
-Both score a user with `_user_scorer`, one XLA-compiled function per model,
-so a user's scores are the same in either: the first MLP layer splits into a
-per-user and a per-item part (the item part computed once per evaluation,
-or once per client), GMF is one matrix-vector product over all items, the
-remaining layers run as matrix products over blocks of items sized to stay in
-cache, and ranking needs only counts of items beating the target, no sort.
+Both score with `_scorer`, one XLA-compiled function per model and number
+of users scored together: the first MLP layer splits into a per-user and a
+per-item part (the item part computed once per evaluation, or once per
+client), GMF is one matrix product over all items, the remaining layers run
+as matrix products over blocks of items, and ranking needs only counts of
+items beating the target, no sort. By default the fast path scores one user
+at a time, as a client does, so a user's scores are bit for bit the same in
+either path. `users_per_step=FAST_USERS_PER_STEP, item_block=FAST_ITEM_BLOCK`
+scores 32 users against each block of 256 items in one matrix product of
+8,192 rows, 1.5-2x faster (docs/PERFORMANCE.md); products of another shape
+round differently (scores differ by about 1e-7), which moves the rank of a
+user whose target nearly ties another item.
 """
 
 import collections
@@ -38,8 +44,13 @@ from tff_fedrecgel.evaluation import ranking
 from tff_fedrecgel.models import neumf
 
 DEFAULT_USERS_PER_CALL = 256
-# Items per matrix product: [block, first width] activations stay in cache.
+# One user's [block, first width] activations stay in cache.
+DEFAULT_USERS_PER_STEP = 1
 DEFAULT_ITEM_BLOCK = 2048
+# [32 x 256 pairs, first width] products: the fastest of a measured sweep
+# (docs/PERFORMANCE.md), at float rounding from the default's scores.
+FAST_USERS_PER_STEP = 32
+FAST_ITEM_BLOCK = 256
 
 
 def metric_names(top_ks: Sequence[int] = ranking.TOP_KS) -> list[str]:
@@ -111,13 +122,12 @@ def _item_sider(config: neumf.ModelConfig):
 
 
 @functools.lru_cache(maxsize=32)
-def _user_scorer(config: neumf.ModelConfig, item_block: int):
-    """One compiled scorer of one user against every item, per config.
+def _scorer(config: neumf.ModelConfig, item_block: int, users: int):
+    """One compiled scorer of `users` users against every item, per config.
 
-    Both evaluation paths call it with the same shapes, so a user's scores
-    are bit for bit the same in either.
+    Type: `(item side, [users, dim] tables) -> [users, num_items]` scores.
     """
-    user_specs = [tf.TensorSpec(s.shape, tf.float32)
+    user_specs = [tf.TensorSpec([users, s.shape[1]], tf.float32)
                   for s in neumf.local_weight_specs(config)]
 
     # Equal blocks: no short tail block (e.g. 2059 items -> 2 x 1030).
@@ -131,19 +141,24 @@ def _user_scorer(config: neumf.ModelConfig, item_block: int):
         item_gmf, pred_kernel, pred_bias = side[:3]
         # GMF: (u * q_i) . w = q_i . (u * w), one product for every item.
         user_gmf = user[0] * tf.transpose(pred_kernel[:gmf_dim])
-        scores = tf.matmul(item_gmf, user_gmf, transpose_b=True)[:, 0] + pred_bias
+        scores = tf.transpose(tf.matmul(item_gmf, user_gmf, transpose_b=True)) + pred_bias
         if not config.use_mlp:
             return scores
         item_first, user_kernel, first_bias = side[3:6]
         later = list(zip(side[6::2], side[7::2]))
         user_first = tf.matmul(user[1], user_kernel) + first_bias
+        width = user_first.shape[1]
         blocks = []
         for start in range(0, config.num_items, block):
-            hidden = tf.nn.relu(item_first[start:start + block] + user_first)
+            items = item_first[start:start + block]
+            # Every (user, item) pair of the block as one row.
+            hidden = tf.reshape(tf.nn.relu(items[tf.newaxis] + user_first[:, tf.newaxis]),
+                                [users * items.shape[0], width])
             for kernel, bias in later:
                 hidden = tf.nn.relu(tf.matmul(hidden, kernel) + bias)
-            blocks.append(tf.matmul(hidden, pred_kernel[gmf_dim:])[:, 0])
-        return scores + tf.concat(blocks, axis=0)
+            blocks.append(tf.reshape(tf.matmul(hidden, pred_kernel[gmf_dim:]),
+                                     [users, items.shape[0]]))
+        return scores + tf.concat(blocks, axis=1)
 
     return score
 
@@ -184,12 +199,12 @@ def _global_specs(config: neumf.ModelConfig) -> list[tf.TensorSpec]:
 
 
 @functools.lru_cache(maxsize=32)
-def _block_ranker(config: neumf.ModelConfig, item_block: int):
+def _block_ranker(config: neumf.ModelConfig, item_block: int, users_per_step: int):
     """Compiled (item side, user block, targets, excluded pairs) -> ranks.
 
     Open user and pair dimensions: one trace serves every block.
     """
-    score_user = _user_scorer(config, item_block)
+    score = _scorer(config, item_block, users_per_step)
     table_specs = [tf.TensorSpec([None, s.shape[1]], tf.float32)
                    for s in neumf.local_weight_specs(config)]
     vector = tf.TensorSpec([None], tf.int32)
@@ -197,11 +212,15 @@ def _block_ranker(config: neumf.ModelConfig, item_block: int):
     @tf.function(autograph=False, input_signature=[
         _side_specs(config), table_specs, vector, vector, vector])
     def rank_block(side, user_tables, heldout, pair_rows, pair_items):
+        num_users = tf.shape(heldout)[0]
+        # Zero rows fill the last step; their scores are dropped.
+        fill = -num_users % users_per_step
+        steps = [tf.reshape(tf.pad(t, [[0, fill], [0, 0]]), [-1, users_per_step, t.shape[1]])
+                 for t in user_tables]
         scores = tf.map_fn(
-            lambda rows: score_user(side, [r[tf.newaxis] for r in rows]),
-            user_tables,
-            fn_output_signature=tf.TensorSpec([config.num_items], tf.float32),
-        )
+            lambda rows: score(side, list(rows)), steps,
+            fn_output_signature=tf.TensorSpec([users_per_step, config.num_items], tf.float32))
+        scores = tf.reshape(scores, [-1, config.num_items])[:num_users]
         return _ranks(scores, heldout, pair_rows, pair_items)
 
     return rank_block
@@ -225,10 +244,11 @@ def _excluded_pairs(train_csr, heldout: np.ndarray, num_items: int):
 
 
 def _full_ranks(config, global_weights, local_tables, heldout_items, train_csr,
-                *, users_per_call, item_block) -> np.ndarray:
+                *, users_per_call, item_block,
+                users_per_step=DEFAULT_USERS_PER_STEP) -> np.ndarray:
     """Every user's rank under full ranking (see `evaluate_full`)."""
-    if users_per_call < 1 or item_block < 1:
-        raise ValueError('users_per_call and item_block must be positive')
+    if users_per_call < 1 or item_block < 1 or users_per_step < 1:
+        raise ValueError('users_per_call, item_block and users_per_step must be positive')
     heldout = np.asarray(heldout_items)
     if heldout.ndim != 1 or heldout.shape[0] < 1:
         raise ValueError(f'heldout_items must be [num_users], got {heldout.shape}')
@@ -247,7 +267,7 @@ def _full_ranks(config, global_weights, local_tables, heldout_items, train_csr,
             f'{[(num_users, s.shape[1]) for s in specs]}'
         )
     pair_users, pair_items = _excluded_pairs(train_csr, heldout, num_items)
-    rank_block = _block_ranker(config, int(item_block))
+    rank_block = _block_ranker(config, int(item_block), int(users_per_step))
     side = _item_sider(config)(neumf.global_tensors(config, global_weights))
     bounds = np.searchsorted(pair_users, np.arange(num_users + 1))
     ranks = []
@@ -261,6 +281,22 @@ def _full_ranks(config, global_weights, local_tables, heldout_items, train_csr,
     return np.concatenate(ranks)
 
 
+def full_ranks(model_config: neumf.ModelConfig, global_weights: Sequence[np.ndarray],
+               local_tables: Sequence[np.ndarray], heldout_items: np.ndarray,
+               train_csr: tuple[np.ndarray, np.ndarray], *,
+               users_per_call: int = DEFAULT_USERS_PER_CALL,
+               item_block: int = DEFAULT_ITEM_BLOCK,
+               users_per_step: int = DEFAULT_USERS_PER_STEP) -> np.ndarray:
+    """Every user's 0-based rank of its held-out item (arguments as `evaluate_full`).
+
+    Returns:
+      int32 `[num_users]` ranks.
+    """
+    return _full_ranks(model_config, global_weights, local_tables, heldout_items, train_csr,
+                       users_per_call=users_per_call, item_block=item_block,
+                       users_per_step=users_per_step)
+
+
 def evaluate_full(
     model_config: neumf.ModelConfig,
     global_weights: Sequence[np.ndarray],
@@ -271,6 +307,7 @@ def evaluate_full(
     top_ks: Sequence[int] = ranking.TOP_KS,
     users_per_call: int = DEFAULT_USERS_PER_CALL,
     item_block: int = DEFAULT_ITEM_BLOCK,
+    users_per_step: int = DEFAULT_USERS_PER_STEP,
     sample_of: int | None = None,
 ) -> collections.OrderedDict[str, float]:
     """Mean full-ranking metrics of all users.
@@ -287,7 +324,9 @@ def evaluate_full(
       top_ks: Cut-offs K.
       users_per_call: Users per compiled call (bounds memory to a few
         `users_per_call * num_items` arrays).
-      item_block: Items per matrix product inside the scorer.
+      item_block: Items per block inside the scorer.
+      users_per_step: Users scored together inside the scorer (a matrix
+        product has `users_per_step * item_block` rows).
       sample_of: The users are a random sample of a population of this many
         (`eval_sample`): standard errors are added; None: no errors.
 
@@ -302,7 +341,8 @@ def evaluate_full(
     top_ks = ranking.check_top_ks(top_ks)
     ranks = _full_ranks(
         model_config, global_weights, local_tables, heldout_items, train_csr,
-        users_per_call=users_per_call, item_block=item_block)
+        users_per_call=users_per_call, item_block=item_block,
+        users_per_step=users_per_step)
     metrics = ranking.metrics_from_ranks(ranks, top_ks=top_ks, mrr=True)
     return eval_sample.summarize({k: v.numpy() for k, v in metrics.items()}, sample_of)
 
@@ -377,7 +417,7 @@ def build_federated_full_evaluation(
       model_config: The NeuMF sizes.
       top_ks: Cut-offs K.
       item_block: Items per matrix product (as in `evaluate_full`; the same
-        value gives bit-identical scores).
+        value, with one user per step there, gives bit-identical scores).
 
     Returns:
       A `tff.Computation`.
@@ -388,7 +428,7 @@ def build_federated_full_evaluation(
     local_type = tff.types.tensorflow_to_type(
         neumf.local_weight_specs(model_config))
     data_type = tff.types.tensorflow_to_type(client_data_spec())
-    score_user = _user_scorer(model_config, int(item_block))
+    score_user = _scorer(model_config, int(item_block), 1)
     item_side = _item_sider(model_config)
 
     @tff.tensorflow.computation(global_type, local_type, data_type)
@@ -397,7 +437,6 @@ def build_federated_full_evaluation(
         @tf.function(autograph=False)
         def run(global_weights, local_weights, heldout, train_items):
             scores = score_user(item_side(global_weights), local_weights)
-            scores = scores[tf.newaxis]
             train_items, _ = tf.unique(train_items)
             heldout = heldout[tf.newaxis]
             rank = _ranks(scores, heldout, tf.zeros_like(train_items), train_items)
