@@ -15,6 +15,7 @@ import tensorflow as tf
 from tff_fedrecgel import evaluation
 from tff_fedrecgel import ranking
 from tff_fedrecgel import full_ranking
+from tff_fedrecgel.evaluation import protocols
 from tff_fedrecgel.models import neumf
 
 TINY = neumf.ModelConfig(num_items=50, gmf_dim=4, mlp_dim=6, mlp_layers=(8, 4))
@@ -390,3 +391,16 @@ def test_benchmark_times_the_state_round_trip(tmp_path):
     # The global weights alone are items x (GMF + MLP) floats.
     assert result['state_mb'] > 300 * (32 + 128) * 4 / 1e6
     assert result['state_round_trip_seconds'] > 0
+
+
+@pytest.mark.parametrize('config', [TINY, TINY_GMF], ids=['neumf', 'gmf'])
+def test_batched_scoring_matches_brute_force(config):
+    weights, tables, heldout, csr = _problem(config, num_users=37, seed=6)
+    full = protocols.get('full')
+    ranks = _np_ranks(_np_scores(config, weights, tables), heldout, csr)
+    for scoring in protocols.SCORINGS:
+        actual = full.evaluate_model(config, weights, tables, (heldout, csr),
+                                     scoring=scoring)
+        _assert_metrics_close(actual, _np_mean_metrics(ranks), atol=1e-7)
+    with pytest.raises(ValueError, match='scoring'):
+        full.evaluate_model(config, weights, tables, (heldout, csr), scoring='fast')

@@ -117,6 +117,8 @@ DECISIONS: Mapping[str, Decision] = {
     'eval_negatives': _d(_H, _I, 'what a device draws for the sampled protocol (manifest); '
                          'serving ranks every item'),
     'eval_users': _d(_I, _I, 'which simulated users are evaluated'),
+    'eval_scoring': _d(_I, _I, 'how the simulation scores its users; a device scores its '
+                       'own'),
     'rounds_per_eval': _d(_I, _I, _SCHEDULE),
     'rounds_per_full_eval': _d(_I, _I, _SCHEDULE),
     'heldout_users': _d(_I, _H, 'SavedModel: the held-out users\' embeddings are rebuilt'),

@@ -104,6 +104,7 @@ class Settings:
     client_weighting: str = _WORK.client_weighting
     eval_protocol: str = protocols.SAMPLED.name
     eval_users: int | None = None
+    eval_scoring: str = protocols.EXACT
     rounds_per_eval: int = 1
     rounds_per_full_eval: int | None = None
     rounds_per_checkpoint: int = 10
@@ -382,7 +383,7 @@ class Settings:
             workers=workers, sharpness_probe=self.sharpness_probe,
             heldout_fraction=self.heldout_users, eval_users=self.eval_users,
             model_sizes=self.model_sizes(), top_ks=self.top_ks,
-            user_state_store=self.user_state_store)
+            user_state_store=self.user_state_store, eval_scoring=self.eval_scoring)
 
     def privacy_report(self, num_users: int):
         """The run's `privacy_accounting.PrivacyReport` (None without DP)."""

@@ -60,6 +60,7 @@ def build_simulation(
     model_sizes: Mapping[str, Any] | None = None,
     top_ks: Sequence[int] = sizes.TOP_KS,
     user_state_store: str = 'memory',
+    eval_scoring: str = 'exact',
 ) -> Simulation:
     """A simulation of `method` on `split`.
 
@@ -90,6 +91,7 @@ def build_simulation(
       user_state_store: 'memory' or 'disk' (FedRecGEL methods with
         persistent local state; `Simulation.use_state_folder` names the
         disk store's folder).
+      eval_scoring: How full ranking scores the users (`Simulation`).
 
     Returns:
       An uninitialized `Simulation`.
@@ -124,4 +126,4 @@ def build_simulation(
     return Simulation(split=split, algorithm=algorithm, clients_per_round=clients_per_round,
                       seed=seed, num_negatives=num_negatives,
                       heldout_fraction=heldout_fraction, eval_users=eval_users,
-                      top_ks=top_ks)
+                      top_ks=top_ks, eval_scoring=eval_scoring)

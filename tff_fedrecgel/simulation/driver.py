@@ -108,7 +108,8 @@ class Simulation:
 
     def __init__(self, *, split: Split, algorithm: Algorithm, clients_per_round: int,
                  seed: int = 0, num_negatives: int = sizes.TRAINING_NEGATIVES, heldout_fraction: float = 0.0,
-                 eval_users: int | None = None, top_ks: Sequence[int] = sizes.TOP_KS):
+                 eval_users: int | None = None, top_ks: Sequence[int] = sizes.TOP_KS,
+                 eval_scoring: str = protocols.EXACT):
         """Prepares the per-user data and the cohort sampling.
 
         Args:
@@ -127,6 +128,8 @@ class Simulation:
             (`eval_sample.sample_positions`), with standard errors; None:
             everyone.
           top_ks: Cut-offs K of HR@K and NDCG@K.
+          eval_scoring: How full ranking scores the users
+            (`protocols.SCORINGS`).
 
         Raises:
           ValueError: On inconsistent sizes.
@@ -145,12 +148,16 @@ class Simulation:
             raise ValueError(f'num_negatives must be >= 0, got {num_negatives}')
         if eval_users is not None and eval_users < 1:
             raise ValueError(f'eval_users must be >= 1, got {eval_users}')
+        if eval_scoring not in protocols.SCORINGS:
+            raise ValueError(f'eval_scoring must be one of {protocols.SCORINGS}, '
+                             f'got {eval_scoring!r}')
         self.split = split
         self.algorithm = algorithm
         self.clients_per_round = clients_per_round
         self.seed = seed
         self.num_negatives = num_negatives
         self.eval_users = eval_users
+        self.eval_scoring = eval_scoring
         self.top_ks = protocols.check_top_ks(top_ks)
         self.train_data = FederatedTrainData.from_split(split)
         population = (range(split.num_users) if not len(self.heldout_users)
@@ -292,7 +299,7 @@ class Simulation:
             metrics = ranker.evaluate_model(
                 self.algorithm.model_config, self.global_weights,
                 self._evaluation_tables(heldout, users, positions), held_out,
-                top_ks=self.top_ks, sample_of=sample_of)
+                top_ks=self.top_ks, sample_of=sample_of, scoring=self.eval_scoring)
         return {k: float(v) for k, v in metrics.items()}
 
     def _evaluate_personal(self, which: str, users: np.ndarray, *, heldout: bool,
