@@ -59,10 +59,14 @@ flags.adopt_module_key_flags(_data_flags)
 flags.adopt_module_key_flags(_model_flags)
 flags.adopt_module_key_flags(_ranking_flags)
 
-_TRIALS = flags.DEFINE_integer('trials', 20, 'Finished trials to reach (a resumed '
-                               'search counts the earlier ones).')
+_TRIALS = flags.DEFINE_integer('trials', recipes.TUNER_TRIALS, 'Finished trials to '
+                               'reach (a resumed search counts the earlier ones).')
 _MAX_MINUTES = flags.DEFINE_float('max_minutes', None,
                                   'Wall-clock budget of this call, in minutes.')
+_TRIAL_MINUTES = flags.DEFINE_float(
+    'trial_minutes', None, 'Wall-clock limit of one trial, in minutes: a trial past it '
+    f'(or past the budget\'s end) is pruned (default: {recipes.TUNER_TRIAL_SHARE:g} of '
+    '--max_minutes).')
 _OBJECTIVE = flags.DEFINE_string(
     'objective', 'valid_full/ndcg@10',
     'Validation metric to maximize: valid_full/<metric> (full ranking) or '
@@ -127,7 +131,8 @@ def main(argv: list[str]) -> int:
     config = tuning.TuneConfig.create(
         task.name, algorithm=method.name, space=_SPACE.value, fixed=fixed,
         objective=_OBJECTIVE.value, trials=_TRIALS.value, max_minutes=_MAX_MINUTES.value,
-        seed=algo.SEED.value, start_from_auto=_START_FROM_AUTO.value)
+        trial_minutes=_TRIAL_MINUTES.value, seed=algo.SEED.value,
+        start_from_auto=_START_FROM_AUTO.value)
     framed = _FRAME.value and method.name != tuning_frame.CEILING
     if framed:
         tuning_frame.ceiling_config(config)  # Checked now too.
@@ -148,7 +153,9 @@ def main(argv: list[str]) -> int:
               f'{", ".join(d.name for d in space) or "none"}; folder {root_dir}', flush=True)
 
         def trial_line(record, prefix=''):
-            print(f'{prefix}trial {record["trial"]}: {record["state"]}, {config.objective} '
+            state = record['state'] + (' on the wall clock' if record.get('stopped') == 'wall clock'
+                                       else '')
+            print(f'{prefix}trial {record["trial"]}: {state}, {config.objective} '
                   f'{record["value"]:.4f} in {record["wall_seconds"]:.0f} s, '
                   f'{json.dumps(record["settings"])}', flush=True)
 
@@ -160,9 +167,10 @@ def main(argv: list[str]) -> int:
                 print(f'best: trial {record["best_trial"]}, {config.objective} '
                       f'{record["best_value"]:.4f}; preset: {record["preset_file"]}', flush=True)
             if 'trials_per_hour' in record:
-                print(f'{record["trials_per_hour"]:g} trials per hour, '
-                      f'{record.get("mean_overhead_seconds", 0):g} s a trial beyond its rounds',
-                      flush=True)
+                overhead = record.get('mean_overhead_seconds')
+                print(f'{record["trials_per_hour"]:g} trials per hour' + (
+                    '' if overhead is None else
+                    f', {overhead:g} s a finished trial beyond its rounds'), flush=True)
             if framed:
                 print('frame: popularity, then the central model searched with the same '
                       'budget', flush=True)

@@ -158,3 +158,43 @@ def test_api_tune_runs_the_same_search(tmp_path):
     assert preset['settings']['server_lr'] == auto['server_lr']
     assert api.settings('synthetic', preset=record['preset_file']).server_lr == (
         preset['settings']['server_lr'])
+
+
+class _SlowExperiment:
+    """A stand-in for `api.experiment` whose rounds take 50 ms each."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def train(self, on_round_end):
+        for round_num in range(1, 41):
+            time.sleep(0.05)
+            on_round_end(round_num, {'valid_full': {'ndcg@10': 0.01 * round_num}})
+        return {'seconds_per_round': 0.05, 'rounds': 40}
+
+
+def test_a_trial_past_its_wall_clock_limit_is_pruned(tmp_path):
+    import types
+
+    split = types.SimpleNamespace(valid_items=[0])
+    space = tuning.search_space(['server_lr'])
+    # 0.005 minutes is 0.3 s: about six of the 40 rounds.
+    limited = tuning.TuneConfig(task='synthetic', trials=2, trial_minutes=0.005, space=space,
+                                start_from_auto=False)
+    record = tuning.run_search(limited, root=tmp_path / 'limited', split=split,
+                               make_experiment=_SlowExperiment)
+    trials = record['trials_this_call']
+    assert [t['state'] for t in trials] == ['pruned', 'pruned']
+    assert all(t['stopped'] == 'wall clock' and t['wall_seconds'] < 1.5 for t in trials)
+    assert all(0 < t['value'] < 0.4 for t in trials)
+    assert record['completed_trials'] == 0 and 'preset_file' not in record
+    # The default limit is a share of the budget; without one, trials finish.
+    assert tuning.TuneConfig(task='synthetic', max_minutes=8).trial_limit_minutes == 2
+    free = tuning.TuneConfig(task='synthetic', trials=1, space=space, start_from_auto=False)
+    assert free.trial_limit_minutes is None
+    record = tuning.run_search(free, root=tmp_path / 'free', split=split,
+                               make_experiment=_SlowExperiment)
+    assert record['trials_this_call'][0]['state'] == 'complete'
+    assert record['best_value'] == pytest.approx(0.4)
+    with pytest.raises(DataError, match='trial_minutes'):
+        tuning.TuneConfig(task='synthetic', trial_minutes=0)

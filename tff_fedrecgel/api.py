@@ -387,8 +387,9 @@ def load_run(run_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None =
     return loaded
 
 
-def tune(task: str, *, root: str | os.PathLike, trials: int = 20,
-         max_minutes: float | None = None, objective: str | None = None,
+def tune(task: str, *, root: str | os.PathLike, trials: int = recipes.TUNER_TRIALS,
+         max_minutes: float | None = None, trial_minutes: float | None = None,
+         objective: str | None = None,
          space: list[str] | None = None, algorithm: str = methods.FEDRECGEL,
          seed: int = 0, frame: bool = True,
          start_from_auto: bool = recipes.TUNER_STARTS_FROM_AUTO, **fixed: Any) -> dict[str, Any]:
@@ -400,6 +401,8 @@ def tune(task: str, *, root: str | os.PathLike, trials: int = 20,
       root: The tuning folder (the study, its trials, `best_preset.json`).
       trials: Finished trials to reach.
       max_minutes: Wall-clock budget of this call.
+      trial_minutes: Wall-clock limit of one trial, past which it is pruned
+        (default: a quarter of `max_minutes`).
       objective: The validation metric maximized (default
         `valid_full/ndcg@10`).
       space: Dimensions of `tuning.SEARCH_SPACE` to search (default: all).
@@ -421,7 +424,8 @@ def tune(task: str, *, root: str | os.PathLike, trials: int = 20,
 
     config = tuning.TuneConfig.create(
         task, algorithm=algorithm, space=space, fixed=fixed, objective=objective, trials=trials,
-        max_minutes=max_minutes, seed=seed, start_from_auto=start_from_auto)
+        max_minutes=max_minutes, trial_minutes=trial_minutes, seed=seed,
+        start_from_auto=start_from_auto)
     frame = frame and algorithm != tuning_frame.CEILING
     if frame:
         tuning_frame.ceiling_config(config)  # Checked before anything runs.

@@ -42,6 +42,10 @@ AUTO_LONG_HISTORY = 50
 AUTO_NEGATIVES_RANGE = (4, 32)
 # A new tuner search tries this recipe first (`tuning.TuneConfig`).
 TUNER_STARTS_FROM_AUTO = True
+# A search's trials to reach, and the share of its wall-clock budget one
+# trial may take before it is stopped (so one slow setting cannot spend it).
+TUNER_TRIALS = 20
+TUNER_TRIAL_SHARE = 0.25
 
 
 @dataclasses.dataclass(frozen=True)

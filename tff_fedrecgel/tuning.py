@@ -15,6 +15,12 @@ needs, its SQLite study resumes after SIGKILL without a server, and its
 API is a few calls; Vizier's open-source service needs a server process and
 offers no pruning of running trials.
 
+Trials also stop on the wall clock: one that runs past its share of the
+budget (`trial_minutes`, by default a quarter of `max_minutes`), or past
+the budget's end, is pruned and marked `stopped: wall clock`, so a slow
+setting (ten local epochs over a fifth of the users) cannot spend the
+search.
+
 A new search's first trial is the `auto` preset's recipe for the data (its
 values of the searched settings), so the search starts from what the project
 would run untuned and can only improve on it (`start_from_auto`).
@@ -146,6 +152,8 @@ class TuneConfig:
       algorithm: The method tuned.
       trials: Finished (completed or pruned) trials to reach.
       max_minutes: Wall-clock budget of this call (None: no limit).
+      trial_minutes: Wall-clock limit of one trial (None: a
+        `recipes.TUNER_TRIAL_SHARE` of `max_minutes`, or no limit).
       objective: The validation metric maximized (`valid_full/...` or
         `valid/...`).
       space: The searched dimensions.
@@ -157,8 +165,9 @@ class TuneConfig:
 
     task: str
     algorithm: str = methods.FEDRECGEL
-    trials: int = 20
+    trials: int = recipes.TUNER_TRIALS
     max_minutes: float | None = None
+    trial_minutes: float | None = None
     objective: str = DEFAULT_OBJECTIVE
     space: tuple[Dimension, ...] = SEARCH_SPACE
     seed: int = 0
@@ -174,6 +183,17 @@ class TuneConfig:
             raise DataError(f'trials must be >= 1, got {self.trials}')
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise DataError(f'max_minutes must be > 0, got {self.max_minutes}')
+        if self.trial_minutes is not None and not self.trial_minutes > 0:
+            raise DataError(f'trial_minutes must be > 0, got {self.trial_minutes}')
+
+    @property
+    def trial_limit_minutes(self) -> float | None:
+        """One trial's wall-clock limit, in minutes (None: none)."""
+        if self.trial_minutes is not None:
+            return self.trial_minutes
+        if self.max_minutes is not None:
+            return recipes.TUNER_TRIAL_SHARE * self.max_minutes
+        return None
 
     @classmethod
     def create(cls, task: str, *, algorithm: str = methods.FEDRECGEL,
@@ -187,7 +207,8 @@ class TuneConfig:
           space: Names of `SEARCH_SPACE` dimensions (default: all).
           fixed: Settings every trial shares (`base`).
           objective: The validation metric (default `DEFAULT_OBJECTIVE`).
-          **options: `trials`, `max_minutes`, `seed`, `start_from_auto`.
+          **options: `trials`, `max_minutes`, `trial_minutes`, `seed`,
+            `start_from_auto`.
 
         Raises:
           DataError, ValueError: On a bad fixed setting or dimension name.
@@ -280,11 +301,15 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
     group, _, metric = config.objective.partition('/')
     timings = []
 
+    limit = config.trial_limit_minutes
+
     def objective(trial: optuna.Trial) -> float:
         values = suggest_settings(trial, config.space, config.algorithm)
         run_dir = root / 'trials' / f'trial_{trial.number:03d}'
         start = time.perf_counter()
-        best = [-1.0]
+        stop_at = [t for t in (deadline, None if limit is None
+                               else time.monotonic() + 60 * limit) if t is not None]
+        best, stopped = [-1.0], [None]
 
         def report(round_num, released):
             if group in released:
@@ -292,7 +317,12 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
                 best[0] = max(best[0], value)
                 trial.report(value, step=round_num)
                 if trial.should_prune():
+                    stopped[0] = 'metric'
                     raise optuna.TrialPruned()
+            if stop_at and time.monotonic() > min(stop_at):
+                stopped[0] = 'wall clock'
+                trial.set_user_attr('stopped', stopped[0])
+                raise optuna.TrialPruned()
 
         experiment = make_experiment(
             config.task, run_dir=run_dir, split=split, algorithm=config.algorithm,
@@ -309,8 +339,8 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
             wall = time.perf_counter() - start
             rounds_seconds = (summary['seconds_per_round'] * summary['rounds']
                               if summary else None)
-            record = {'trial': trial.number, 'state': state, 'settings': values,
-                      'value': best[0], 'wall_seconds': round(wall, 1),
+            record = {'trial': trial.number, 'state': state, 'stopped': stopped[0],
+                      'settings': values, 'value': best[0], 'wall_seconds': round(wall, 1),
                       'overhead_seconds': (round(wall - rounds_seconds, 1)
                                            if rounds_seconds is not None else None),
                       'run_dir': str(run_dir)}

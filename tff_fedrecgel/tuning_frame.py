@@ -48,8 +48,8 @@ def ceiling_config(config: tuning.TuneConfig) -> tuning.TuneConfig:
     fixed['total_rounds'] = min(fixed.get('total_rounds', CEILING_EPOCHS), CEILING_EPOCHS)
     return tuning.TuneConfig.create(
         config.task, algorithm=CEILING, fixed=fixed, objective=config.objective,
-        trials=config.trials,
-        max_minutes=config.max_minutes, seed=config.seed)
+        trials=config.trials, max_minutes=config.max_minutes,
+        trial_minutes=config.trial_minutes, seed=config.seed)
 
 
 def run_frame(config: tuning.TuneConfig, *, root: str | pathlib.Path, split: Split,
