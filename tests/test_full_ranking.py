@@ -183,7 +183,7 @@ def test_scoring_flops_counts_factored_multiply_adds():
                          [(5, 16, 1), (5, 16, 3), (64, 50, 32), (1, 7, 4), (64, 256, 32)])
 def test_full_ranks_match_brute_force(config, users_per_call, item_block, users_per_step):
     weights, tables, heldout, csr = _problem(config)
-    ranks = full_ranking._full_ranks(
+    ranks = full_ranking.full_ranks(
         config, weights, tables, heldout, csr, users_per_call=users_per_call,
         item_block=item_block, users_per_step=users_per_step)
     expected = _np_ranks(_np_scores(config, weights, tables), heldout, csr)
@@ -201,7 +201,7 @@ def test_ties_count_against_the_target():
     # Make every item a copy of item 0: all candidates tie with the target.
     for table in weights[:2]:
         table[:] = table[0]
-    ranks = full_ranking._full_ranks(
+    ranks = full_ranking.full_ranks(
         TINY, weights, tables, heldout, csr, users_per_call=8, item_block=16)
     indptr, items = csr
     for u in range(len(heldout)):
@@ -219,7 +219,7 @@ def test_training_items_are_excluded_but_not_the_target():
     heldout[0] = order[9]
     indptr = np.array([0, 10] + [10] * (len(heldout) - 1))
     items = order[:10].astype(np.int32)
-    ranks = full_ranking._full_ranks(
+    ranks = full_ranking.full_ranks(
         TINY, weights, tables, heldout, (indptr, items),
         users_per_call=4, item_block=16)
     assert ranks[0] == 0
@@ -233,7 +233,7 @@ def test_nan_scores_rank_below_everything():
     heldout = heldout.copy()
     heldout[3] = 46  # user 3's target is NaN: every candidate beats it
     tables[0][4] = np.nan  # user 4: every score NaN, all tie
-    ranks = full_ranking._full_ranks(
+    ranks = full_ranking.full_ranks(
         TINY, weights, tables, heldout, csr, users_per_call=8, item_block=16)
     expected = _np_ranks(_np_scores(TINY, weights, tables), heldout, csr)
     np.testing.assert_array_equal(ranks, expected)

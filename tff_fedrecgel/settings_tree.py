@@ -222,7 +222,7 @@ TREE = (
                 range=_POSITIVE_INT),
         Setting('eval_scoring', 'How full ranking scores the users: exact, one user at a '
                 'time as a device does (bit for bit the same every run); batched, 32 users '
-                'per matrix product, 1.3-1.6x faster, at float rounding from exact (a user '
+                'per matrix product, 1.3-2x faster, at float rounding from exact (a user '
                 'whose target nearly ties another item moves by a place; '
                 'docs/PERFORMANCE.md, "Scoring"). NeuMF methods only.',
                 choices=protocols.SCORINGS),

@@ -25,7 +25,7 @@ items beating the target, no sort. By default the fast path scores one user
 at a time, as a client does, so a user's scores are bit for bit the same in
 either path. `users_per_step=FAST_USERS_PER_STEP, item_block=FAST_ITEM_BLOCK`
 scores 32 users against each block of 256 items in one matrix product of
-8,192 rows, 1.5-2x faster (docs/PERFORMANCE.md); products of another shape
+8,192 rows, 1.3-2x faster (docs/PERFORMANCE.md); products of another shape
 round differently (scores differ by about 1e-7), which moves the rank of a
 user whose target nearly ties another item.
 """
@@ -243,10 +243,19 @@ def _excluded_pairs(train_csr, heldout: np.ndarray, num_items: int):
     return users[keep], items[keep].astype(np.int32)
 
 
-def _full_ranks(config, global_weights, local_tables, heldout_items, train_csr,
-                *, users_per_call, item_block,
-                users_per_step=DEFAULT_USERS_PER_STEP) -> np.ndarray:
-    """Every user's rank under full ranking (see `evaluate_full`)."""
+def full_ranks(config: neumf.ModelConfig, global_weights: Sequence[np.ndarray],
+               local_tables: Sequence[np.ndarray], heldout_items: np.ndarray,
+               train_csr: tuple[np.ndarray, np.ndarray], *,
+               users_per_call: int = DEFAULT_USERS_PER_CALL,
+               item_block: int = DEFAULT_ITEM_BLOCK,
+               users_per_step: int = DEFAULT_USERS_PER_STEP) -> np.ndarray:
+    """Every user's 0-based rank of its held-out item under full ranking.
+
+    Args: as `evaluate_full`.
+
+    Returns:
+      int32 `[num_users]` ranks.
+    """
     if users_per_call < 1 or item_block < 1 or users_per_step < 1:
         raise ValueError('users_per_call, item_block and users_per_step must be positive')
     heldout = np.asarray(heldout_items)
@@ -279,22 +288,6 @@ def _full_ranks(config, global_weights, local_tables, heldout_items, train_csr,
             (pair_users[lo:hi] - start).astype(np.int32), pair_items[lo:hi],
         ).numpy())
     return np.concatenate(ranks)
-
-
-def full_ranks(model_config: neumf.ModelConfig, global_weights: Sequence[np.ndarray],
-               local_tables: Sequence[np.ndarray], heldout_items: np.ndarray,
-               train_csr: tuple[np.ndarray, np.ndarray], *,
-               users_per_call: int = DEFAULT_USERS_PER_CALL,
-               item_block: int = DEFAULT_ITEM_BLOCK,
-               users_per_step: int = DEFAULT_USERS_PER_STEP) -> np.ndarray:
-    """Every user's 0-based rank of its held-out item (arguments as `evaluate_full`).
-
-    Returns:
-      int32 `[num_users]` ranks.
-    """
-    return _full_ranks(model_config, global_weights, local_tables, heldout_items, train_csr,
-                       users_per_call=users_per_call, item_block=item_block,
-                       users_per_step=users_per_step)
 
 
 def evaluate_full(
@@ -339,7 +332,7 @@ def evaluate_full(
         block sizes.
     """
     top_ks = ranking.check_top_ks(top_ks)
-    ranks = _full_ranks(
+    ranks = full_ranks(
         model_config, global_weights, local_tables, heldout_items, train_csr,
         users_per_call=users_per_call, item_block=item_block,
         users_per_step=users_per_step)
