@@ -307,8 +307,8 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
         values = suggest_settings(trial, config.space, config.algorithm)
         run_dir = root / 'trials' / f'trial_{trial.number:03d}'
         start = time.perf_counter()
-        stop_at = [t for t in (deadline, None if limit is None
-                               else time.monotonic() + 60 * limit) if t is not None]
+        ends = [t for t in (deadline, limit and time.monotonic() + 60 * limit) if t]
+        stop_at = min(ends) if ends else None
         best, stopped = [-1.0], [None]
 
         def report(round_num, released):
@@ -319,7 +319,7 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
                 if trial.should_prune():
                     stopped[0] = 'metric'
                     raise optuna.TrialPruned()
-            if stop_at and time.monotonic() > min(stop_at):
+            if stop_at is not None and time.monotonic() > stop_at:
                 stopped[0] = 'wall clock'
                 trial.set_user_attr('stopped', stopped[0])
                 raise optuna.TrialPruned()

@@ -18,6 +18,7 @@ from tff_fedrecgel.algorithms import fedrecgel
 from tff_fedrecgel.data import batching
 from tff_fedrecgel.data.client_data import heldout_users_for
 from tff_fedrecgel.data.preprocess import Split
+from tff_fedrecgel.evaluation import protocols
 from tff_fedrecgel.models import neumf
 from tff_fedrecgel.simulation import context
 from tff_fedrecgel.simulation.driver import Simulation
@@ -60,7 +61,7 @@ def build_simulation(
     model_sizes: Mapping[str, Any] | None = None,
     top_ks: Sequence[int] = sizes.TOP_KS,
     user_state_store: str = 'memory',
-    eval_scoring: str = 'exact',
+    eval_scoring: str = protocols.EXACT,
 ) -> Simulation:
     """A simulation of `method` on `split`.
 
