@@ -224,6 +224,8 @@ def _measure(split, work, clients: int) -> dict:
         'build_seconds': round(build_seconds, 2),
         'warmup_seconds': round(warmup_seconds, 2),
     }
+    if _STATE_ROUND_TRIP.value < 0:
+        raise ValueError(f'--state_round_trip must be >= 0, got {_STATE_ROUND_TRIP.value}')
     if _STATE_ROUND_TRIP.value > 0:
         result.update(_state_round_trip(simulation.algorithm, _STATE_ROUND_TRIP.value))
     if metrics:
