@@ -169,6 +169,13 @@ def test_disk_store_starts_from_the_memory_states(tmp_path, monkeypatch):
     np.testing.assert_array_equal(memory.state.adam_step, disk.state.adam_step)
     ref = disk.checkpoint_state()
     assert int(ref['store_version']) == 1 and client_states.is_store_reference(ref)
+    # An evaluation sample's rows, read row by row, equal the tables' rows.
+    sample = [22, 5, 9]
+    for table in (memory, disk):
+        rows = table.local_rows(sample)
+        assert len(rows) == len(memory.local_tables())
+        for got, whole in zip(rows, memory.local_tables()):
+            np.testing.assert_array_equal(got, whole[sample])
 
 
 # ---------------------------------------------------------------------------

@@ -127,6 +127,13 @@ class ClientStateTable:
         """The user embeddings as `[num_users, dim]` tables."""
         return list(self.state.local_weights)
 
+    def local_rows(self, users: Sequence[int]) -> list[np.ndarray]:
+        """The embeddings of `users` only, read row by row (a disk store's
+        file pages are not mapped in, as indexing `local_tables` would)."""
+        names = [name for name in self.store.arrays if name.startswith('local_weights_')]
+        rows = self.store.gather(users, names)
+        return [rows[name] for name in names]
+
     def checkpoint_state(self):
         """What a checkpoint saves.
 

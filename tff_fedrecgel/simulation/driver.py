@@ -242,8 +242,10 @@ class Simulation:
             return self.local_tables(heldout=heldout)
         if heldout or self.algorithm.local_tables() is None:
             return self._rebuild('heldout_sample' if heldout else 'train_sample', users)
-        tables = self.algorithm.local_tables()
-        return [t[users] for t in tables]
+        rows = getattr(self.algorithm, 'local_rows', None)
+        if rows is not None:  # Only the sample's rows (a disk store's stay on disk).
+            return rows(users)
+        return [t[users] for t in self.algorithm.local_tables()]
 
     def local_tables(self, *, heldout: bool = False) -> list[np.ndarray]:
         """The embeddings of the training (or held-out) users, one row each.

@@ -199,6 +199,10 @@ class FedRecGEL:
     def local_tables(self) -> list[np.ndarray] | None:
         return self._table().local_tables() if self.work.persistent else None
 
+    def local_rows(self, users: Sequence[int]) -> list[np.ndarray] | None:
+        """`local_tables()` at the rows `users`, without reading whole tables."""
+        return self._table().local_rows(users) if self.work.persistent else None
+
     def get_state(self) -> collections.OrderedDict:
         state = collections.OrderedDict(server_state=self.server_state.stored())
         if self.work.persistent:

@@ -57,17 +57,19 @@ class UserStateStore(abc.ABC):
         """Rows of every array."""
         return int(next(iter(self.arrays.values())).shape[0])
 
-    def gather(self, users: Sequence[int]) -> dict[str, np.ndarray]:
+    def gather(self, users: Sequence[int],
+               names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """Copies of the rows of `users`, per array.
 
         Args:
           users: Row indices.
+          names: The arrays to read (default: every one).
 
         Returns:
           `{name: array[users]}`.
         """
         index = np.asarray(users, np.int64)
-        return {name: a[index] for name, a in self.arrays.items()}
+        return {name: self.arrays[name][index] for name in names or self.arrays}
 
     @abc.abstractmethod
     def scatter(self, users: Sequence[int], rows: Mapping[str, np.ndarray]) -> None:
@@ -211,9 +213,9 @@ class DiskStore(UserStateStore):
         for k, row in enumerate(index.tolist()):
             os.pwrite(fd, view[k * row_bytes:(k + 1) * row_bytes], offset + row * row_bytes)
 
-    def gather(self, users):
+    def gather(self, users, names=None):
         index = np.asarray(users, np.int64)
-        return {name: self._read(name, index) for name in self.arrays}
+        return {name: self._read(name, index) for name in names or self.arrays}
 
     def scatter(self, users, rows) -> None:
         index = np.asarray(users, np.int64)
