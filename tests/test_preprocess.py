@@ -1,5 +1,6 @@
 """Tests of the split protocol and of the split files/cache."""
 
+import dataclasses
 import json
 import os
 
@@ -282,8 +283,10 @@ def test_write_read_round_trip(tmp_path, validation):
     back, meta = split_io.read_split(tmp_path)
     assert back == split
     assert isinstance(back.train_users, np.memmap)
-    back.train_users[0] += 1  # Copy-on-write: the file stays as it was.
-    assert split_io.read_split(tmp_path)[0] == split
+    with pytest.raises(ValueError):  # Read-only: nothing can change it.
+        back.train_users[0] += 1
+    # Hashed chunk by chunk from the files: the same as from memory.
+    assert split_io.split_fingerprint(back) == split_io.split_fingerprint(split)
     assert meta['statistics'] == split.summary()
     assert (tmp_path / 'valid_negatives.npy').exists() == validation
     header = (tmp_path / 'test.csv').read_text().splitlines()[0].split(',')
@@ -455,3 +458,31 @@ def test_leave_one_out_ranks_match_a_lexsort_with_ties(wide):
         expected[rows] = np.arange(1, len(rows) + 1)
     np.testing.assert_array_equal(
         preprocess.leave_one_out_ranks(users, timestamps, tie_keys), expected)
+
+
+def test_range_checks_read_mapped_arrays_from_their_files(tmp_path, monkeypatch):
+    from tff_fedrecgel.data import split as split_lib  # pylint: disable=g-import-not-at-top
+
+    monkeypatch.setattr(split_lib, '_CHUNK_BYTES', 64)  # Many chunks.
+    split = _build(_random_frame())
+    split_io.write_split(split, tmp_path, key={'dataset': 'x'})
+    negatives = np.array(split.test_negatives)
+    negatives[-1, -1] = split.num_items  # Out of range, in the last chunk.
+    np.save(tmp_path / 'bad.npy', negatives)
+    mapped = np.load(tmp_path / 'bad.npy', mmap_mode='r')
+    chunks = list(split_lib.array_chunks(mapped))
+    assert len(chunks) > 1 and all(not isinstance(c, np.memmap) for c in chunks)
+    np.testing.assert_array_equal(np.concatenate(chunks), negatives)
+    with pytest.raises(DataError, match='test_negatives out of range'):
+        dataclasses.replace(split, test_negatives=mapped)
+
+
+def test_the_fingerprint_does_not_depend_on_the_chunk_sizes(monkeypatch):
+    from tff_fedrecgel.data import split as split_lib  # pylint: disable=g-import-not-at-top
+
+    split = _build(_random_frame())
+    assert split.user_ids is not None
+    whole = split_io.split_fingerprint(split)
+    monkeypatch.setattr(split_lib, '_CHUNK_BYTES', 64)
+    monkeypatch.setattr(split_io, '_IDS_PER_CHUNK', 7)
+    assert split_io.split_fingerprint(split) == whole

@@ -36,6 +36,7 @@ from typing import Any, Union
 import numpy as np
 import pandas as pd
 
+from tff_fedrecgel.data import split as split_lib
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.errors import DataError
 
@@ -88,6 +89,9 @@ def file_fingerprint(path: PathLike) -> dict[str, Any]:
     }
 
 
+_IDS_PER_CHUNK = 1 << 20
+
+
 def split_fingerprint(split: Split) -> str:
     """A SHA-1 of a split's contents (sizes, every index array, the ids).
 
@@ -99,11 +103,18 @@ def split_fingerprint(split: Split) -> str:
                  'valid_items', 'valid_negatives'):
         array = getattr(split, name)
         sha1.update(name.encode())
-        if array is not None:
-            sha1.update(np.ascontiguousarray(array).tobytes())
+        if array is not None:  # Chunk by chunk: no copy of the whole array.
+            for chunk in split_lib.array_chunks(array):
+                sha1.update(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8))
     for ids in (split.user_ids, split.item_ids):
-        if ids is not None:
-            sha1.update('\x1f'.join(map(str, ids.tolist())).encode('utf-8', 'replace'))
+        if ids is None:
+            continue
+        # The ids joined by '\x1f', a million at a time (the same bytes).
+        for start in range(0, len(ids), _IDS_PER_CHUNK):
+            if start:
+                sha1.update(b'\x1f')
+            sha1.update('\x1f'.join(map(str, ids[start:start + _IDS_PER_CHUNK].tolist()))
+                        .encode('utf-8', 'replace'))
     return sha1.hexdigest()
 
 
@@ -357,8 +368,8 @@ def read_meta(output_dir: PathLike) -> dict[str, Any]:
 def read_split(output_dir: PathLike) -> tuple[Split, dict[str, Any]]:
     """Reads a split written by `write_split`, verifying every file.
 
-    The arrays are memory-mapped copy-on-write: pages are read from the file
-    when used, and writing to them never changes the file.
+    The arrays are memory-mapped read-only: pages are read from the file
+    when used, and nothing can change them.
 
     Args:
       output_dir: The split folder.
@@ -382,7 +393,7 @@ def read_split(output_dir: PathLike) -> tuple[Split, dict[str, Any]]:
             name = _array_file(field)
             if name in hashes:
                 arrays[field] = np.load(os.path.join(output_dir, name),
-                                        mmap_mode='c', allow_pickle=False)
+                                        mmap_mode='r', allow_pickle=False)
         if ('valid_items' in arrays) != (int(stats['valid_users']) > 0):
             raise DataError(f'{output_dir}: validation files do not match')
         id_maps = {}
