@@ -475,6 +475,13 @@ def test_range_checks_read_mapped_arrays_from_their_files(tmp_path, monkeypatch)
     np.testing.assert_array_equal(np.concatenate(chunks), negatives)
     with pytest.raises(DataError, match='test_negatives out of range'):
         dataclasses.replace(split, test_negatives=mapped)
+    users = np.array([7, 0, 24, 7, 3])
+    np.testing.assert_array_equal(split_lib.array_rows(mapped, users), negatives[users])
+    back, _ = split_io.read_split(tmp_path)
+    np.testing.assert_array_equal(back.candidates('test', users),
+                                  split.candidates('test', users))
+    with pytest.raises(IndexError):
+        split_lib.array_rows(mapped, np.array([len(negatives)]))
 
 
 def test_the_fingerprint_does_not_depend_on_the_chunk_sizes(monkeypatch):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 import dataclasses
+import os
 from typing import Any, Literal
 
 import numpy as np
@@ -16,6 +17,37 @@ from tff_fedrecgel.errors import DataError
 
 # Rows read at once by `array_chunks` (about this many bytes).
 _CHUNK_BYTES = 1 << 26
+
+
+def _mapped_file(array: np.ndarray) -> str | None:
+    """The file a read-only array is mapped whole from, else None."""
+    if (isinstance(array, np.memmap) and not array.flags.writeable
+            and array.base is getattr(array, '_mmap', None)):
+        return array.filename
+    return None
+
+
+def array_rows(array: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`array[rows]`; a mapped file's rows are read one by one from it (a
+    sample of scattered rows would otherwise fault in the pages around each
+    of them, gigabytes of a large split's negatives)."""
+    rows = np.asarray(rows)
+    path = _mapped_file(array)
+    if path is None or rows.dtype.kind not in 'iu' or (
+            len(rows) and (rows.min() < 0 or rows.max() >= len(array))):
+        return array[rows]  # Numpy's own rules (and errors).
+    rows = rows.astype(np.int64)
+    out = np.empty((len(rows), *array.shape[1:]), array.dtype)
+    row_bytes = out.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for k, row in enumerate(rows.tolist()):
+            os.preadv(fd, [view[k * row_bytes:(k + 1) * row_bytes]],
+                      array.offset + row * row_bytes)
+    finally:
+        os.close(fd)
+    return out
 
 
 def array_chunks(array: np.ndarray) -> Iterator[np.ndarray]:
@@ -34,9 +66,7 @@ def array_chunks(array: np.ndarray) -> Iterator[np.ndarray]:
     """
     row_items = int(np.prod(array.shape[1:], dtype=np.int64))
     rows = max(1, _CHUNK_BYTES // max(1, array.itemsize * row_items))
-    whole_file = (isinstance(array, np.memmap) and not array.flags.writeable
-                  and array.base is getattr(array, '_mmap', None) and array.filename)
-    if not whole_file:
+    if not _mapped_file(array):
         for start in range(0, len(array), rows):
             yield array[start:start + rows]
         return
@@ -192,7 +222,7 @@ class Split:
         else:
             raise ValueError(f"which must be 'test' or 'valid', got {which!r}")
         if users is not None:
-            items, negatives = items[users], negatives[users]
+            items, negatives = array_rows(items, users), array_rows(negatives, users)
         return np.concatenate([items[:, None], negatives], axis=1).astype(
             np.int32)
 
