@@ -105,12 +105,11 @@ _ITEM_BLOCK = flags.DEFINE_integer(
     'item_block', None, "full: items per matrix product (default: the module's).")
 _USERS_PER_STEP = flags.DEFINE_integer(
     'users_per_step', None, "full: users scored together (default: the module's, "
-    'one; 32 with --item_block=256 is the fastest measured, at float rounding '
-    'from the default).')
+    '32; 1 scores each user alone, as a device does).')
 _COMPARE_RANKS = flags.DEFINE_bool(
-    'compare_ranks', False, "full: also rank every user with the module's default "
-    'scorer and count the users whose rank differs (with --users_per_step or '
-    '--item_block).')
+    'compare_ranks', False, 'full: also rank every user alone, as a device does (one '
+    'user per product, blocks of about 2,048 items), and count the users whose rank '
+    'differs from the timed scorer\'s.')
 _CHECK_FEDERATED = flags.DEFINE_integer(
     'check_federated', 0,
     'full: also evaluate the first N users with the federated computation '
@@ -357,9 +356,11 @@ def _measure_full(split, work, clients: int) -> dict:
     if _COMPARE_RANKS.value:
         ranks = full_ranking.full_ranks(config, weights, tables, split.test_items, csr,
                                         **options)
-        default = full_ranking.full_ranks(config, weights, tables, split.test_items, csr)
-        result['ranks_differing_from_default'] = int(np.sum(ranks != default))
-        result['max_rank_change_from_default'] = int(np.max(np.abs(ranks - default)))
+        alone = full_ranking.full_ranks(config, weights, tables, split.test_items, csr,
+                                        users_per_step=1,
+                                        item_block=full_ranking.DEVICE_ITEM_BLOCK)
+        result['ranks_differing_from_one_user_scoring'] = int(np.sum(ranks != alone))
+        result['max_rank_change_from_one_user_scoring'] = int(np.max(np.abs(ranks - alone)))
     if _CHECK_FEDERATED.value:
         result.update(_check_federated(
             config, weights, tables, split.test_items, csr,

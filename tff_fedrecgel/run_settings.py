@@ -104,7 +104,7 @@ class Settings:
     client_weighting: str = _WORK.client_weighting
     eval_protocol: str = protocols.SAMPLED.name
     eval_users: int | None = None
-    eval_scoring: str = protocols.EXACT
+    eval_scoring: str = protocols.DEFAULT_SCORING
     rounds_per_eval: int = 1
     rounds_per_full_eval: int | None = None
     rounds_per_checkpoint: int = 10

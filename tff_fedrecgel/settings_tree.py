@@ -220,11 +220,10 @@ TREE = (
                 'two; past that (hundreds of thousands of users), 10000 bounds the standard '
                 'error of HR@10 by 0.005 (docs/PERFORMANCE.md, "Scale").',
                 range=_POSITIVE_INT),
-        Setting('eval_scoring', 'How full ranking scores the users: exact, one user at a '
-                'time as a device does (bit for bit the same every run); batched, 32 users '
-                'per matrix product, 1.3-2x faster, at float rounding from exact (a user '
-                'whose target nearly ties another item moves by a place; '
-                'docs/PERFORMANCE.md, "Scoring"). NeuMF methods only.',
+        Setting('eval_scoring', 'How full ranking scores the users: batched, 32 users '
+                'per matrix product; exact, one user at a time as a device does, 1.3-2x '
+                'slower. Both give bit for bit the same scores (docs/PERFORMANCE.md, '
+                '"Scoring"). NeuMF methods only.',
                 choices=protocols.SCORINGS),
         Setting('heldout_users', 'Fraction of users that never train nor are sampled; each '
                 'evaluation rebuilds their embedding from their own training data '

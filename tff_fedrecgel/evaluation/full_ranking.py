@@ -21,13 +21,13 @@ of users scored together: the first MLP layer splits into a per-user and a
 per-item part (the item part computed once per evaluation, or once per
 client), GMF is one matrix product over all items, the remaining layers run
 as matrix products over blocks of items, and ranking needs only counts of
-items beating the target, no sort. By default the fast path scores one user
-at a time, as a client does, so a user's scores are bit for bit the same in
-either path. `users_per_step=FAST_USERS_PER_STEP, item_block=FAST_ITEM_BLOCK`
-scores 32 users against each block of 256 items in one matrix product of
-8,192 rows, 1.3-2x faster (docs/PERFORMANCE.md); products of another shape
-round differently (scores differ by about 1e-7), which moves the rank of a
-user whose target nearly ties another item.
+items beating the target, no sort. The fast path scores 32 users against
+each block of 256 items in one matrix product of 8,192 rows; a client
+scores itself alone. Their scores are bit for bit the same: the per-user
+products (GMF, the user half of the first layer with its bias) run one user
+at a time in both, and the block products compute each row alone whatever
+the number of rows, so a user's scores do not depend on who it is scored
+with, nor on the block size (tests/test_full_ranking.py checks both).
 """
 
 import collections
@@ -44,13 +44,12 @@ from tff_fedrecgel.evaluation import ranking
 from tff_fedrecgel.models import neumf
 
 DEFAULT_USERS_PER_CALL = 256
-# One user's [block, first width] activations stay in cache.
-DEFAULT_USERS_PER_STEP = 1
-DEFAULT_ITEM_BLOCK = 2048
-# [32 x 256 pairs, first width] products: the fastest of a measured sweep
-# (docs/PERFORMANCE.md), at float rounding from the default's scores.
-FAST_USERS_PER_STEP = 32
-FAST_ITEM_BLOCK = 256
+# [32 x 256 pairs, first width] products: among the fastest of a measured
+# sweep (docs/PERFORMANCE.md, "Scoring").
+DEFAULT_USERS_PER_STEP = 32
+DEFAULT_ITEM_BLOCK = 256
+# A device scores one user; its [block, first width] activations stay in cache.
+DEVICE_ITEM_BLOCK = 2048
 
 
 def metric_names(top_ks: Sequence[int] = ranking.TOP_KS) -> list[str]:
@@ -130,8 +129,10 @@ def _scorer(config: neumf.ModelConfig, item_block: int, users: int):
     user_specs = [tf.TensorSpec([users, s.shape[1]], tf.float32)
                   for s in neumf.local_weight_specs(config)]
 
-    # Equal blocks: no short tail block (e.g. 2059 items -> 2 x 1030).
-    num_blocks = -(-config.num_items // item_block)
+    # Equal blocks: no short tail block (e.g. 2059 items -> 2 x 1030). At
+    # least two: XLA folds a lone block's sum into its last product, which
+    # rounds apart from a block of several users.
+    num_blocks = max(-(-config.num_items // item_block), min(2, config.num_items))
     block = -(-config.num_items // num_blocks)
     gmf_dim = config.gmf_dim
 
@@ -140,13 +141,18 @@ def _scorer(config: neumf.ModelConfig, item_block: int, users: int):
     def score(side, user):
         item_gmf, pred_kernel, pred_bias = side[:3]
         # GMF: (u * q_i) . w = q_i . (u * w), one product for every item.
+        # Per-user products stay one user each: a product of several users
+        # sums in another order, and a user's scores would depend on its step.
         user_gmf = user[0] * tf.transpose(pred_kernel[:gmf_dim])
-        scores = tf.transpose(tf.matmul(item_gmf, user_gmf, transpose_b=True)) + pred_bias
+        scores = tf.concat([tf.transpose(tf.matmul(item_gmf, user_gmf[u:u + 1], transpose_b=True))
+                            for u in range(users)], axis=0) + pred_bias
         if not config.use_mlp:
             return scores
         item_first, user_kernel, first_bias = side[3:6]
         later = list(zip(side[6::2], side[7::2]))
-        user_first = tf.matmul(user[1], user_kernel) + first_bias
+        # The bias inside: XLA starts the product's sums from it.
+        user_first = tf.concat([tf.matmul(user[1][u:u + 1], user_kernel) + first_bias
+                                for u in range(users)], axis=0)
         width = user_first.shape[1]
         blocks = []
         for start in range(0, config.num_items, block):
@@ -319,7 +325,8 @@ def evaluate_full(
         `users_per_call * num_items` arrays).
       item_block: Items per block inside the scorer.
       users_per_step: Users scored together inside the scorer (a matrix
-        product has `users_per_step * item_block` rows).
+        product has `users_per_step * item_block` rows). Neither changes
+        the scores, only the speed.
       sample_of: The users are a random sample of a population of this many
         (`eval_sample`): standard errors are added; None: no errors.
 
@@ -393,7 +400,7 @@ def build_federated_full_evaluation(
     model_config: neumf.ModelConfig,
     *,
     top_ks: Sequence[int] = ranking.TOP_KS,
-    item_block: int = DEFAULT_ITEM_BLOCK,
+    item_block: int = DEVICE_ITEM_BLOCK,
 ) -> tff.Computation:
     """The federated full-ranking evaluation.
 
@@ -409,8 +416,8 @@ def build_federated_full_evaluation(
     Args:
       model_config: The NeuMF sizes.
       top_ks: Cut-offs K.
-      item_block: Items per matrix product (as in `evaluate_full`; the same
-        value, with one user per step there, gives bit-identical scores).
+      item_block: Items per matrix product (any value gives the same
+        scores as `evaluate_full`).
 
     Returns:
       A `tff.Computation`.

@@ -20,9 +20,11 @@ from typing import Any
 
 from tff_fedrecgel import sizes
 
-# How full ranking scores the users (`Protocol.evaluate_model`).
+# How full ranking scores the users (`Protocol.evaluate_model`): one at a
+# time, as a device does, or 32 per matrix product; the scores are the same.
 EXACT, BATCHED = 'exact', 'batched'
 SCORINGS = (EXACT, BATCHED)
+DEFAULT_SCORING = BATCHED
 
 TOP_KS = sizes.TOP_KS
 # `--eval_protocol` value that evaluates under every protocol.
@@ -112,7 +114,7 @@ class Protocol:
 
     def evaluate_model(self, model_config, global_weights, local_tables, held_out, *,
                        top_ks: Sequence[int] = TOP_KS, sample_of: int | None = None,
-                       scoring: str = EXACT):
+                       scoring: str = DEFAULT_SCORING):
         """Mean metrics of NeuMF users with these embeddings (the batched path).
 
         Args:
@@ -125,7 +127,7 @@ class Protocol:
             standard errors are added.
           scoring: One of `SCORINGS`, how full ranking scores the users:
             'exact' one at a time, as a client does; 'batched' 32 at a time,
-            faster, at float rounding from 'exact' (sampled ranking ignores it).
+            faster, with the same scores (sampled ranking ignores it).
 
         Returns:
           OrderedDict of floats keyed as `metric_names` (and `<name>_se`).
@@ -181,7 +183,7 @@ class _Sampled(Protocol):
         return split.candidates(which, users)
 
     def evaluate_model(self, model_config, global_weights, local_tables, held_out, *,
-                       top_ks=TOP_KS, sample_of=None, scoring=EXACT):
+                       top_ks=TOP_KS, sample_of=None, scoring=DEFAULT_SCORING):
         from tff_fedrecgel.evaluation import sampled  # pylint: disable=g-import-not-at-top
         return sampled.evaluate_users(model_config, global_weights, local_tables, held_out,
                                       top_ks=top_ks, sample_of=sample_of)
@@ -222,14 +224,13 @@ class _Full(Protocol):
         return split.candidates(which, users)[:, 0], train_data.csr(users)
 
     def evaluate_model(self, model_config, global_weights, local_tables, held_out, *,
-                       top_ks=TOP_KS, sample_of=None, scoring=EXACT):
+                       top_ks=TOP_KS, sample_of=None, scoring=DEFAULT_SCORING):
         from tff_fedrecgel.evaluation import full_ranking  # pylint: disable=g-import-not-at-top
         targets, csr = held_out
         if scoring not in SCORINGS:
             raise ValueError(f'scoring must be one of {SCORINGS}, got {scoring!r}')
-        block_sizes = {} if scoring == EXACT else dict(
-            users_per_step=full_ranking.FAST_USERS_PER_STEP,
-            item_block=full_ranking.FAST_ITEM_BLOCK)
+        block_sizes = {} if scoring == BATCHED else dict(
+            users_per_step=1, item_block=full_ranking.DEVICE_ITEM_BLOCK)
         return full_ranking.evaluate_full(model_config, global_weights, local_tables,
                                           targets, csr, top_ks=top_ks, sample_of=sample_of,
                                           **block_sizes)

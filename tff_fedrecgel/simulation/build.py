@@ -61,7 +61,7 @@ def build_simulation(
     model_sizes: Mapping[str, Any] | None = None,
     top_ks: Sequence[int] = sizes.TOP_KS,
     user_state_store: str = 'memory',
-    eval_scoring: str = protocols.EXACT,
+    eval_scoring: str = protocols.DEFAULT_SCORING,
 ) -> Simulation:
     """A simulation of `method` on `split`.
 

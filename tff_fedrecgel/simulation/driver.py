@@ -109,7 +109,7 @@ class Simulation:
     def __init__(self, *, split: Split, algorithm: Algorithm, clients_per_round: int,
                  seed: int = 0, num_negatives: int = sizes.TRAINING_NEGATIVES, heldout_fraction: float = 0.0,
                  eval_users: int | None = None, top_ks: Sequence[int] = sizes.TOP_KS,
-                 eval_scoring: str = protocols.EXACT):
+                 eval_scoring: str = protocols.DEFAULT_SCORING):
         """Prepares the per-user data and the cohort sampling.
 
         Args:
