@@ -11,6 +11,18 @@ from tff_fedrecgel import methods
 from tff_fedrecgel.errors import DataError
 
 TITLES = {'filmtrust': 'FilmTrust', 'lastfm_2k': 'LastFM-2K', 'amazon_video': 'Amazon-Video'}
+# Each study plan's reported rows (one per finished run, kept when its folder
+# is gone): the tables are rewritten from them, and the runner skips them.
+LEDGERS = {'paper': 'docs/study_runs.csv', 'recipe': 'docs/recipe_runs.csv',
+           'transfer': 'docs/transfer_runs.csv', 'peers': 'docs/peers_runs.csv'}
+
+
+def reported_runs(ledger: pathlib.Path) -> set[str]:
+    """The names (`<dataset>/<run>`) of the runs a ledger CSV holds; none if
+    it does not exist."""
+    if not ledger.exists():
+        return set()
+    return set(pd.read_csv(ledger, usecols=['name'])['name'])
 # Every method's name in tables and figures (the registry's labels).
 LABELS = {m.name: m.label for m in methods.METHODS.values()}
 

@@ -56,7 +56,7 @@ _README = flags.DEFINE_string(
 _IMAGES_DIR = flags.DEFINE_string('images_dir', 'docs/images', 'Where the PNGs go.')
 _RUNS_CSV = flags.DEFINE_string('runs_csv', None,
                                 'Every finished run, one row each (default: '
-                                'docs/study_runs.csv, or docs/recipe_runs.csv).')
+                                f'{_report.LEDGERS["paper"]}, or {_report.LEDGERS["recipe"]}).')
 _KEEP_REPORTED = flags.DEFINE_bool(
     'keep_reported_runs', False,
     'Recipe study: keep the rows of --runs_csv whose run folders are not under '
@@ -65,11 +65,11 @@ _KEEP_REPORTED = flags.DEFINE_bool(
     'curves average the run folders present (the legend gives their count), '
     'its central line the rows.')
 _TRANSFER_CSV = flags.DEFINE_string(
-    'transfer_csv', 'docs/transfer_runs.csv',
+    'transfer_csv', _report.LEDGERS['transfer'],
     'Transfer study: every run\'s selected figures; rows whose run folders are '
     'gone are kept, so the tables can be rewritten without them.')
 _PEERS_CSV = flags.DEFINE_string(
-    'peers_csv', 'docs/peers_runs.csv',
+    'peers_csv', _report.LEDGERS['peers'],
     'Peers study: every peer run\'s selected figures, kept as the transfer rows are.')
 _DATASETS_DIR = flags.DEFINE_string(
     'datasets_dir', None, 'Transfer study: the folder of the paper datasets (their '
@@ -393,7 +393,7 @@ def main(argv: list[str]) -> int:
     results = pathlib.Path(_RESULTS.value)
     block = tables_block(runs, root)
     _report.write_block(results, block, BEGIN, END)
-    runs_csv = _RUNS_CSV.value or 'docs/study_runs.csv'
+    runs_csv = _RUNS_CSV.value or _report.LEDGERS['paper']
     pathlib.Path(runs_csv).parent.mkdir(parents=True, exist_ok=True)
     runs.sort_values('name').to_csv(runs_csv, index=False, float_format='%.6g')
     written = plot_curves(root, runs, pathlib.Path(_IMAGES_DIR.value))
@@ -404,7 +404,7 @@ def main(argv: list[str]) -> int:
 
 def _recipe(root: pathlib.Path) -> int:
     runs = study.collect_recipe(root)
-    runs_csv = pathlib.Path(_RUNS_CSV.value or 'docs/recipe_runs.csv')
+    runs_csv = pathlib.Path(_RUNS_CSV.value or _report.LEDGERS['recipe'])
     kept = pd.DataFrame()
     if _KEEP_REPORTED.value and runs_csv.exists():
         kept = pd.read_csv(runs_csv)
@@ -415,8 +415,8 @@ def _recipe(root: pathlib.Path) -> int:
                         '--plan=recipe first')
     results = pathlib.Path(_RESULTS.value)
     previous = None  # The paper study's runs, for its methods' rows.
-    if pathlib.Path('docs/study_runs.csv').exists():
-        previous = pd.read_csv('docs/study_runs.csv')
+    if pathlib.Path(_report.LEDGERS['paper']).exists():
+        previous = pd.read_csv(_report.LEDGERS['paper'])
     _report.write_block(results, _recipe_report.tables_block(runs, previous),
                         _recipe_report.BEGIN, _recipe_report.END)
     if _README.value:
@@ -436,7 +436,7 @@ TRANSFER_END = '<!-- transfer-tables:end -->'
 
 
 def _transfer(root: pathlib.Path) -> int:
-    recipe_csv = pathlib.Path(_RUNS_CSV.value or 'docs/recipe_runs.csv')
+    recipe_csv = pathlib.Path(_RUNS_CSV.value or _report.LEDGERS['recipe'])
     if not recipe_csv.exists():
         raise DataError(f'{recipe_csv}: the recipe study\'s rows are needed (the floor, '
                         'the ceiling and the tuned runs of the paper\'s datasets)')
@@ -463,7 +463,7 @@ def _transfer(root: pathlib.Path) -> int:
 
 
 def _peers(root: pathlib.Path) -> int:
-    recipe_csv = pathlib.Path(_RUNS_CSV.value or 'docs/recipe_runs.csv')
+    recipe_csv = pathlib.Path(_RUNS_CSV.value or _report.LEDGERS['recipe'])
     if not recipe_csv.exists():
         raise DataError(f'{recipe_csv}: the recipe study\'s rows are needed (the floor, '
                         'the ceiling and FedRecGEL on the same splits)')

@@ -14,8 +14,10 @@ Each run is `launch/train.py` in its own process, writing to
 <root_output_dir>/<dataset>/<run>/ with its log beside it (<run>.log). A run
 whose summary.json exists is skipped, and so is one another runner is
 running now (the log file is locked); an interrupted run resumes from its
-last checkpoint. Failed runs are reported at the end (exit status 1) and
-retried next time. Then `launch/report_study.py` writes the tables and
+last checkpoint. A run the plan's report already holds (a row of its
+docs/*_runs.csv, kept when the run folder is gone) is skipped too, so a
+study that spans several checkouts picks up where its report ends. Failed
+runs are reported at the end (exit status 1) and retried next time. Then `launch/report_study.py` writes the tables and
 curves.
 
 Ctrl-C or SIGTERM stops the runner: no queued run starts, the running ones
@@ -46,6 +48,7 @@ _entry.setup_environment()
 
 from absl import flags
 
+from tff_fedrecgel.launch import _report
 from tff_fedrecgel.launch import peers_study
 from tff_fedrecgel.launch import study
 from tff_fedrecgel.launch import transfer_study
@@ -70,6 +73,11 @@ _ONLY = flags.DEFINE_string(
 _PEER_SEEDS = flags.DEFINE_integer(
     'peer_seeds', peers_study.PEER_SEEDS, 'Seeds of each method in the peers plan.')
 _LIST = flags.DEFINE_bool('list', False, 'Print the plan and exit.')
+_SKIP_REPORTED = flags.DEFINE_bool(
+    'skip_reported', True, 'Count the runs of the plan\'s report rows (docs/study_runs.csv, '
+    'recipe_runs.csv, transfer_runs.csv or peers_runs.csv, kept when their folders are '
+    'gone) as done, so the study resumes in a fresh '
+    'checkout; --noskip_reported runs them again.')
 _PLAN = flags.DEFINE_enum(
     'plan', 'paper', ['paper', 'recipe', 'transfer', 'peers'],
     'paper: the reproduction of the paper (its protocol, docs/ALGORITHM.md; '
@@ -205,12 +213,17 @@ def main(argv: list[str]) -> int:
     datasets_dir = (pathlib.Path(_DATASETS_DIR.value).resolve()
                     if _DATASETS_DIR.value else None)
     runs = _plan(datasets_dir)
-    todo = [run for run in runs if not study.is_finished(root, run)]
+    reported = (_report.reported_runs(pathlib.Path(_report.LEDGERS[_PLAN.value]))
+                if _SKIP_REPORTED.value else set())
+    todo = [run for run in runs
+            if not study.is_finished(root, run) and run.name not in reported]
     if _LIST.value:
         for run in runs:
             data_dir = (f'<datasets_dir>/{run.dataset}' if datasets_dir is None
                         else str(datasets_dir / run.dataset))
-            print(f'{"done" if run not in todo else "todo"}  {run.name}  '
+            state = 'todo' if run in todo else (
+                'done' if study.is_finished(root, run) else 'reported')
+            print(f'{state}  {run.name}  '
                   f'{" ".join(run.flags(data_dir))}')
         print(f'{len(runs) - len(todo)} of {len(runs)} runs done')
         return 0

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tff_fedrecgel.launch import peers_study
 from tff_fedrecgel.launch import study
 import worker_watch
 
@@ -197,18 +198,36 @@ def test_report_script_errors_are_one_line(fake_study, tmp_path):
 
 
 def test_runner_lists_and_refuses_bad_flags(tmp_path):
-    done = _script('run_study.py', f'--root_output_dir={tmp_path}', '--list')
+    done = _script('run_study.py', f'--root_output_dir={tmp_path}', '--list',
+                   '--noskip_reported')
     assert done.returncode == 0, done.stderr
     total = len(study.study_plan())
     assert done.stdout.strip().splitlines()[-1] == f'0 of {total} runs done'
     for bad in ('--datasets=movielens', '--methods=fedavg', '--parallel=0'):
         done = _script('run_study.py', f'--root_output_dir={tmp_path}', bad)
         assert done.returncode == 2 and done.stderr.startswith('error: '), done.stderr
-    done = _script('run_study.py', f'--root_output_dir={tmp_path}',
+    # (Every run of the paper plan is in its report: count them as to do.)
+    done = _script('run_study.py', f'--root_output_dir={tmp_path}', '--noskip_reported',
                    f'--datasets_dir={tmp_path / "nowhere"}')
     assert done.returncode == 2 and 'no data folder' in done.stderr
-    done = _script('run_study.py', f'--root_output_dir={tmp_path}')
+    done = _script('run_study.py', f'--root_output_dir={tmp_path}', '--noskip_reported')
     assert done.returncode == 2 and '--datasets_dir is required' in done.stderr
+
+
+def test_runner_counts_the_runs_its_report_holds_as_done(tmp_path):
+    (tmp_path / 'docs').mkdir()
+    (tmp_path / 'docs' / 'peers_runs.csv').write_text(
+        'name,seed\nfilmtrust/peer_pfedrec_seed0,0\n')
+    total = len(peers_study.peers_plan(datasets=['filmtrust']))
+    args = ('--plan=peers', '--datasets=filmtrust', f'--root_output_dir={tmp_path / "runs"}',
+            '--list')
+    done = _script('run_study.py', *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert [line.split()[0] for line in lines if 'peer_pfedrec_seed0' in line] == ['reported']
+    assert lines[-1] == f'1 of {total} runs done'
+    done = _script('run_study.py', *args, '--noskip_reported', cwd=tmp_path)
+    assert done.stdout.strip().splitlines()[-1] == f'0 of {total} runs done'
 
 
 def test_runner_skips_a_run_another_runner_holds(tmp_path):
@@ -221,7 +240,7 @@ def test_runner_skips_a_run_another_runner_holds(tmp_path):
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         done = _script('run_study.py', f'--root_output_dir={root}',
                        f'--datasets_dir={datasets}', '--datasets=filmtrust',
-                       '--only=fedmf_seed3')
+                       '--only=fedmf_seed3', '--noskip_reported')
     assert done.returncode == 0, done.stderr
     assert 'filmtrust/fedmf_seed3: skipped' in done.stdout
     assert 'study: 0 runs in' in done.stdout and '; 1 skipped' in done.stdout
@@ -241,6 +260,7 @@ def test_sigterm_stops_the_runner_its_runs_and_its_queue(tmp_path):
     runner = subprocess.Popen(
         [sys.executable, str(REPO / 'launch' / 'run_study.py'), f'--root_output_dir={root}',
          f'--datasets_dir={tmp_path / "data"}', '--datasets=filmtrust', '--only=fedmf_seed',
+         '--noskip_reported',
          '--parallel=1'],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         stdin=subprocess.DEVNULL, start_new_session=True)
