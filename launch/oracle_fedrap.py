@@ -34,20 +34,20 @@ if __package__ in (None, ''):
     # Run as `python launch/oracle_fedrap.py`: make the repository importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tff_fedrecgel import algorithm_config  # pylint: disable=g-import-not-at-top
+from tff_fedrecgel.algorithms import fedrap  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.launch import _entry  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.launch import _oracle  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.data.client_data import FederatedTrainData  # pylint: disable=g-import-not-at-top
 
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds compared.')
-_EPOCHS = flags.DEFINE_integer('local_epochs', algorithm_config.FEDRAP.local_epochs,
+_EPOCHS = flags.DEFINE_integer('local_epochs', fedrap.DEFAULT_CONFIG.local_epochs,
                                'Local epochs.')
 _BATCH = flags.DEFINE_integer('batch_size', 256, 'Local minibatch size (the authors\' '
-                              f'{algorithm_config.FEDRAP.batch_size} gives one minibatch '
+                              f'{fedrap.DEFAULT_CONFIG.batch_size} gives one minibatch '
                               'per epoch to every user of the case).')
 _CURRICULUM = flags.DEFINE_enum('curriculum', 'fixed', ['fixed', 'tanh'],
                                 'How lam and mu grow over rounds.')
-_TOL = flags.DEFINE_float('tol', algorithm_config.FEDRAP.tol, 'The early stop\'s relative '
+_TOL = flags.DEFINE_float('tol', fedrap.DEFAULT_CONFIG.tol, 'The early stop\'s relative '
                           'tolerance (a larger one makes users stop early).')
 _CONTRAST = flags.DEFINE_list('ours_only', [], 'Settings changed on the project\'s side only, '
                               'as name=value of FedRAPConfig (shows the check can fail), '
@@ -108,7 +108,7 @@ def _project_side(case, config, seed):
 def main(argv):
     del argv
     try:
-        config = dataclasses.replace(algorithm_config.FEDRAP, local_epochs=_EPOCHS.value,
+        config = dataclasses.replace(fedrap.DEFAULT_CONFIG, local_epochs=_EPOCHS.value,
                                      batch_size=_BATCH.value, curriculum=_CURRICULUM.value,
                                      tol=_TOL.value)
     except ValueError as e:

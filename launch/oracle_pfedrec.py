@@ -29,14 +29,14 @@ if __package__ in (None, ''):
     # Run as `python launch/oracle_pfedrec.py`: make the repository importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tff_fedrecgel import algorithm_config  # pylint: disable=g-import-not-at-top
+from tff_fedrecgel.algorithms import pfedrec  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.launch import _entry  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.launch import _oracle  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.data.client_data import FederatedTrainData  # pylint: disable=g-import-not-at-top
 
 _ROUNDS = flags.DEFINE_integer('rounds', 2, 'Rounds compared.')
 _EPOCHS = flags.DEFINE_integer('local_epochs', 1, 'Local epochs.')
-_BATCH = flags.DEFINE_integer('batch_size', algorithm_config.PFEDREC.batch_size,
+_BATCH = flags.DEFINE_integer('batch_size', pfedrec.DEFAULT_CONFIG.batch_size,
                               'Local minibatch size (small values give several '
                               'minibatches per user).')
 _PER_USER = flags.DEFINE_bool('per_user', False, 'One user per TFF client (else one group).')
@@ -104,7 +104,7 @@ def main(argv):
     del argv
     _entry.tff_runtime()  # TFF's worker dies with this process.
     split = _oracle.load_split()
-    config = algorithm_config.PFedRecConfig(local_epochs=_EPOCHS.value,
+    config = pfedrec.PFedRecConfig(local_epochs=_EPOCHS.value,
                                             batch_size=_BATCH.value)
     users, rows = _oracle.most_active_users(split)
     case = _case(split, config, users, _ROUNDS.value, _oracle.SEED.value)

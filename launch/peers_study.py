@@ -1,8 +1,9 @@
 """The peers study (issue 28): the peer recommenders beside the popularity floor.
 
-Each peer method runs under its authors' settings (the flags beyond the
-common ones, `PEER_SETTINGS`); every run holds out a validation item and 10%
-of the users and evaluates under both protocols, as the recipe study does.
+Each peer method runs under the settings its registry entry names
+(`methods.Method.peer`: the flags beyond the common ones, `PEER_SETTINGS`);
+every run holds out a validation item and 10% of the users and evaluates
+under both protocols, as the recipe study does.
 `launch/run_study.py --plan=peers` runs it.
 """
 
@@ -10,50 +11,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tff_fedrecgel.methods import METHODS
 from tff_fedrecgel.launch import study
 from tff_fedrecgel.launch.study import Run
 
-# FedLESAM's authors' train.py defaults: 5 local epochs of SGD at 0.1 on
-# minibatches of 25, the server adding the mean change (SGD at 1).
-_FEDLESAM_TRAINING = ('--local_epochs=5', '--client_lr=0.1', '--chunk_size=25',
-                      '--server_optimizer=sgd', '--server_lr=1')
-# PFedRec's authors train every user every round (their code's defaults:
-# 4 negatives, 1 local epoch, which are the project's defaults too).
-PEER_SETTINGS = {
-    'pfedrec': ('--client_fraction=1',),
-    # GPFedRec's and FedRAP's authors also train every user every round
-    # (FedRAP's other settings are `algorithm_config.FEDRAP`, fixed).
-    'gpfedrec': ('--client_fraction=1',),
-    'fedrap': ('--client_fraction=1',),
-    'fedlesam': (*_FEDLESAM_TRAINING, '--rho_sh=0.1'),
-    # FedSAM and FedASAM train as FedLESAM's row does (their own radii,
-    # 0.05 and 0.7 with eta 0.2), so the three differ only in where the
-    # shared part's perturbation comes from.
-    'fedsam': _FEDLESAM_TRAINING,
-    'fedasam': _FEDLESAM_TRAINING,
-    # FedGloSS's authors' CIFAR-10 command: 1 local epoch of SGD at 0.01 on
-    # minibatches of 64, server SGD at 1, server rho 0.15.
-    'fedgloss': ('--local_epochs=1', '--client_lr=0.01', '--chunk_size=64', '--rho_sh=0.15',
-                 '--server_optimizer=sgd', '--server_lr=1'),
-}
+# Each peer method's settings are its registry entry's (`Method.peer`).
+PEER_SETTINGS = {name: tuple(f'--{k}={v}' for k, v in method.peer.settings.items())
+                 for name, method in METHODS.items() if method.peer}
 # The control of FedSAM's row: the same local training without SAM (FedNCF
 # uploading its change, i.e. FedAvg), so that FedSAM minus it is what local
 # SAM adds. Its runs are named control_<method>_seed<s>; it runs with FedSAM.
 CONTROL_METHOD = 'fedncf'
-CONTROL_SETTINGS = (*_FEDLESAM_TRAINING, '--update=model_delta')
+CONTROL_SETTINGS = (*PEER_SETTINGS['fedsam'], '--update=model_delta')
 PEER_SEEDS = 5
 # The floors every seed gets: popularity, and each user's own history first
 # (where test items repeat training pairs, as on LastFM-2K, remembering
 # the history is worth much of a full-ranking figure).
 FLOORS = ('itempop', 'history')
-# What a row's settings are, where they are not its authors' own.
-SETTINGS_SOURCE = {'fedsam': 'FedLESAM\'s local training', 'fedasam': 'FedLESAM\'s local training',
-                   CONTROL_METHOD: 'FedLESAM\'s local training, no SAM (FedSAM\'s control)'}
 
 
 def settings_source(method: str) -> str:
     """Whose settings a method runs under in this plan."""
-    return SETTINGS_SOURCE.get(method, 'authors\' settings')
+    if method == CONTROL_METHOD:
+        return f'{METHODS["fedsam"].peer.source}, no SAM (FedSAM\'s control)'
+    return METHODS[method].peer.source
 
 
 def peers_plan(datasets: Sequence[str] = study.DATASETS,

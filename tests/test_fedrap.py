@@ -13,7 +13,6 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import methods
 from tff_fedrecgel import run_settings
 from tff_fedrecgel.algorithms import fedrap
@@ -22,7 +21,7 @@ from tff_types import uploads as _uploads, walk as _walk  # pylint: disable=g-ba
 from tff_fedrecgel.simulation import fedrap_adapter
 
 NUM_ITEMS = 9
-CONFIG = algorithm_config.FedRAPConfig(
+CONFIG = fedrap.FedRAPConfig(
     latent_dim=4, score_lr=0.3, item_lr=2.0, weight_decay=0.01, lam=0.2, mu=0.1,
     batch_size=3, local_epochs=4, tol=0.15, step_decay=0.5, curriculum="fixed")
 
@@ -67,7 +66,7 @@ def test_loss_and_gradients_match_numpy():
 
 
 def test_the_curriculum_grows_lam_and_mu_with_the_rounds():
-    config = algorithm_config.FEDRAP
+    config = fedrap.DEFAULT_CONFIG
     assert config.weights(0) == (0.0, 0.0) and config.weights(1) == (0.0, 0.0)
     assert config.weights(2) == pytest.approx((math.tanh(0.1) * 0.1, math.tanh(0.1) * 0.1))
     assert config.weights(40)[0] == pytest.approx(0.1, rel=1e-3)
@@ -82,7 +81,7 @@ def test_the_curriculum_grows_lam_and_mu_with_the_rounds():
                 cfg.learning_rates(r), rel=1e-5)
     assert config.learning_rates(2) == pytest.approx((0.5 * 0.97 ** 2, 200 * 0.97 ** 2))
     with pytest.raises(ValueError, match='curriculum'):
-        algorithm_config.FedRAPConfig(curriculum='sin')
+        fedrap.FedRAPConfig(curriculum='sin')
 
 
 def _reference_user(c, dd, w, b, data, i, config, round_index):

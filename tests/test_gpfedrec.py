@@ -11,7 +11,6 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import run_settings
 from tff_fedrecgel.algorithms import gpfedrec, pfedrec
 from tff_fedrecgel.errors import SettingError
@@ -19,7 +18,7 @@ from tff_fedrecgel.simulation import gpfedrec_adapter
 from tff_types import uploads as _uploads, walk as _walk  # pylint: disable=g-bad-import-order
 
 NUM_ITEMS = 11
-CONFIG = algorithm_config.GPFedRecConfig(latent_dim=3, layers=(6, 4, 2), lr=0.2, lr_eta=0.05,
+CONFIG = gpfedrec.GPFedRecConfig(latent_dim=3, layers=(6, 4, 2), lr=0.2, lr_eta=0.05,
                                          reg=2.0, batch_size=3, local_epochs=2)
 
 
@@ -100,7 +99,7 @@ def test_the_user_graph_links_each_user_to_its_neighbors():
     graph = gpfedrec.user_graph(tables, CONFIG)
     np.testing.assert_allclose(graph.sum(axis=1), 1.0, rtol=1e-6)
     np.testing.assert_array_equal(graph > 0, cos > cos.mean())
-    distant = gpfedrec.user_graph(tables, algorithm_config.GPFedRecConfig(
+    distant = gpfedrec.user_graph(tables, gpfedrec.GPFedRecConfig(
         latent_dim=3, layers=(6, 2), neighbors='distant'))
     np.testing.assert_array_equal(distant > 0, 1 - cos > (1 - cos).mean())
     lonely = gpfedrec.user_graph(np.tile(np.float32([1, 0]), (3, 1)), CONFIG)
@@ -109,7 +108,7 @@ def test_the_user_graph_links_each_user_to_its_neighbors():
 
 @pytest.mark.parametrize('layers', [1, 2])
 def test_targets_are_message_passing_on_the_graph(layers):
-    config = algorithm_config.GPFedRecConfig(latent_dim=3, layers=(6, 2), mp_layers=layers)
+    config = gpfedrec.GPFedRecConfig(latent_dim=3, layers=(6, 2), mp_layers=layers)
     tables = np.random.default_rng(1).normal(size=(5, 4, 3)).astype(np.float32)
     targets, table = gpfedrec.graph_aggregate(tables, config)
     graph = np.linalg.matrix_power(gpfedrec.user_graph(tables.reshape(5, -1), config), layers)
@@ -135,7 +134,7 @@ def test_settings_are_checked():
     for bad in (dict(layers=(5, 2)), dict(neighbors='near'), dict(reg=-1.0),
                 dict(client_fraction=0.0), dict(mp_layers=0)):
         with pytest.raises(ValueError):
-            algorithm_config.GPFedRecConfig(**bad)
+            gpfedrec.GPFedRecConfig(**bad)
     with pytest.raises(ValueError, match='gpfedrec does not take local_lr'):
         run_settings.settings('synthetic', algorithm='gpfedrec', local_lr=0.2)
 

@@ -8,13 +8,12 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedrecgel import algorithm_config
 from tff_fedrecgel import run_settings
 from tff_fedrecgel.algorithms import pfedrec
 from tff_types import uploads as _uploads, walk as _walk  # pylint: disable=g-bad-import-order
 
 NUM_ITEMS = 9
-CONFIG = algorithm_config.PFedRecConfig(latent_dim=4, score_lr=0.3, item_lr_eta=0.05,
+CONFIG = pfedrec.PFedRecConfig(latent_dim=4, score_lr=0.3, item_lr_eta=0.05,
                                         batch_size=3, local_epochs=2)
 
 

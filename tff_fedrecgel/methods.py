@@ -47,6 +47,31 @@ _GLOBAL_SAM_NOTE = 'the server sends the perturbation: no --workers, no sharpnes
 
 
 @dataclasses.dataclass(frozen=True)
+class PeerSettings:
+    """How the peers study runs a method.
+
+    Attributes:
+      settings: The run settings beyond the study's common ones (settings
+        names, as the flags spell them).
+      source: Whose settings they are, as the tables say.
+    """
+
+    settings: Mapping[str, Any]
+    source: str = 'authors\' settings'
+
+
+# FedLESAM's authors' train.py defaults: 5 local epochs of SGD at 0.1 on
+# minibatches of 25, the server adding the mean change (SGD at 1). FedSAM
+# and FedASAM train the same way (with their own radii), so that the three
+# differ only in where the shared part's perturbation comes from.
+FEDLESAM_TRAINING = {'local_epochs': 5, 'client_lr': 0.1, 'chunk_size': 25,
+                     'server_optimizer': 'sgd', 'server_lr': 1}
+_LESAM_TRAINING = PeerSettings(FEDLESAM_TRAINING, 'FedLESAM\'s local training')
+# The peer recommenders' authors train every user every round.
+_EVERY_USER = PeerSettings({'client_fraction': 1})
+
+
+@dataclasses.dataclass(frozen=True)
 class Method:
     """One trainable method: everything the rest of the project asks of it.
 
@@ -76,6 +101,8 @@ class Method:
       global_perturbation: Where its global part's SAM perturbation comes
         from (`algorithm_config.GLOBAL_PERTURBATIONS`): 'local' (the client's
         gradient), 'global_change' (FedLESAM) or 'server' (FedGloSS).
+      peer: How the peers study (`launch/peers_study.py`) runs it; None: it
+        is not one of the study's peer methods.
     """
 
     name: str
@@ -95,6 +122,7 @@ class Method:
     default_radii: tuple[float, float] | None = None
     sam_eta: float | None = None
     global_perturbation: str = 'local'
+    peer: PeerSettings | None = None
 
     def radii(self, rho_sh: float, rho_ns: float) -> tuple[float, float]:
         """The radii a run uses, given the task's (or the flags') radii.
@@ -132,11 +160,12 @@ METHODS = {m.name: m for m in (
            rho_sh=0.0, rho_ns=0.0, gmf_only=True),
     Method('fedsam', 'FedSAM', 'FedSAM: local epochs of SAM steps on the shared part, uploading '
            'its change (radius 0.05 unless given; the user embedding by plain Adam)',
-           fixes={'update': 'model_delta'}, default_radii=(0.05, 0.0)),
+           fixes={'update': 'model_delta'}, default_radii=(0.05, 0.0), peer=_LESAM_TRAINING),
     # The FedSAM authors' CIFAR-10 settings for FedASAM: rho 0.7, eta 0.2.
     Method('fedasam', 'FedASAM', 'FedASAM: FedSAM with adaptive SAM (the step scaled by '
            '|w| + 0.2 on weight matrices and embeddings; radius 0.7 unless given)',
-           fixes={'update': 'model_delta'}, default_radii=(0.7, 0.0), sam_eta=0.2),
+           fixes={'update': 'model_delta'}, default_radii=(0.7, 0.0), sam_eta=0.2,
+           peer=_LESAM_TRAINING),
     # FedLESAM's rho 0.1 is the default of its authors' train.py
     # (MediaBrain-SJTU/FedLESAM); FedGloSS's server rho 0.15 is its authors'
     # CIFAR-10 command (debcaldarola/fedgloss README).
@@ -145,12 +174,17 @@ METHODS = {m.name: m for m in (
            '0.1 unless given; the user embedding by plain Adam)',
            rho_ns=0.0, fixes={'update': 'model_delta'}, default_radii=(0.1, 0.0),
            takes=_GLOBAL_SAM_TAKES, note=_GLOBAL_SAM_NOTE, exports=False, tunable=False,
-           global_perturbation='global_change'),
+           global_perturbation='global_change',
+           peer=PeerSettings({**FEDLESAM_TRAINING, 'rho_sh': 0.1})),
     Method('fedgloss', 'FedGloSS', 'FedGloSS: SAM on the server, which sends the weights moved '
            'along its last pseudo-gradient (radius 0.15 unless given) and steps the unmoved '
            'ones; clients train without SAM', rho_ns=0.0, fixes={'update': 'model_delta'},
            default_radii=(0.15, 0.0), takes=_GLOBAL_SAM_TAKES, note=_GLOBAL_SAM_NOTE,
-           exports=False, tunable=False, global_perturbation='server'),
+           exports=False, tunable=False, global_perturbation='server',
+           # Its authors' CIFAR-10 command: 1 local epoch of SGD at 0.01 on
+           # minibatches of 64, server SGD at 1.
+           peer=PeerSettings({'local_epochs': 1, 'client_lr': 0.01, 'chunk_size': 64,
+                              'rho_sh': 0.15, 'server_optimizer': 'sgd', 'server_lr': 1})),
     Method('fedrecon', 'FedRecon', 'TFF\'s Federated Reconstruction (build_fed_recon) on the same '
            'NeuMF: no user state, embeddings rebuilt every round',
            rho_sh=0.0, rho_ns=0.0, algorithm=FEDRECON,
@@ -166,21 +200,22 @@ METHODS = {m.name: m for m in (
            builder='tff_fedrecgel.simulation.pfedrec_adapter:build',
            takes=frozenset({'num_negatives', 'local_epochs'}),
            note='PFedRec: SGD at its authors\' rates, no server optimizer, no user embedding',
-           private=False, exports=False, tunable=False),
+           private=False, exports=False, tunable=False, peer=_EVERY_USER),
     Method('gpfedrec', 'GPFedRec', 'GPFedRec (Zhang et al., KDD 2024): each user fine-tunes its own '
            'item table and MLP; the server relates users by their tables and sends each '
            'the graph-aggregated table as its target', rho_sh=0.0, rho_ns=0.0,
            algorithm=GPFEDREC, builder='tff_fedrecgel.simulation.gpfedrec_adapter:build',
            takes=frozenset({'num_negatives', 'local_epochs'}),
            note='GPFedRec: SGD at its authors\' rates, no server optimizer',
-           private=False, exports=False, tunable=False),
+           private=False, exports=False, tunable=False, peer=_EVERY_USER),
     Method('fedrap', 'FedRAP', 'FedRAP (Li et al., ICLR 2024): each user\'s item table is a '
            'global part averaged by the server plus an additive part kept on its device',
            rho_sh=0.0, rho_ns=0.0, algorithm=FEDRAP,
            builder='tff_fedrecgel.simulation.fedrap_adapter:build',
            takes=frozenset({'num_negatives'}),
            note='FedRAP: SGD at its authors\' rates and 10 local epochs, no server optimizer, '
-           'no user embedding', private=False, exports=False, tunable=False),
+           'no user embedding', private=False, exports=False, tunable=False,
+           peer=_EVERY_USER),
     Method('itempop', 'popularity', 'item popularity counted federatedly, no model (the floor)',
            rho_sh=0.0, rho_ns=0.0, algorithm=ITEMPOP,
            builder='tff_fedrecgel.simulation.baseline_adapters:build_itempop',

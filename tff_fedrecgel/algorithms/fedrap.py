@@ -32,13 +32,85 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedrecgel import algorithm_config
 from tff_fedrecgel.algorithms import pfedrec
+
+
+@dataclasses.dataclass(frozen=True)
+class FedRAPConfig:
+    """FedRAP's client work (this module); each default is the
+    default of the named argument of its authors' `train.py`
+    (docs/ALGORITHM.md, "FedRAP").
+
+    Attributes:
+      latent_dim: Item embedding size (`--latent_dim`).
+      score_lr: SGD learning rate of the score function (`--lr_network`).
+      item_lr: SGD learning rate of both item parts C and D (`--lr_args`).
+      weight_decay: SGD weight decay of every parameter
+        (`--l2_regularization`).
+      lam: Final weight of the term pushing D apart from C (`--lambda`).
+      mu: Final weight of C's L1 term (`--mu`).
+      round_decay: Both learning rates' factor per round (`--decay_rate`).
+      step_decay: Both learning rates' factor per local step (the authors'
+        per-minibatch `ExponentialLR(gamma=0.95)`).
+      batch_size: Examples per local minibatch (`--batch_size`).
+      local_epochs: Most local epochs per round (`--local_epoch`).
+      tol: A user stops its local epochs once its running mean loss changes
+        by less than this, relatively (`--tol`).
+      curriculum: `tanh` (`--vary_param`): the weights at round r (from 0)
+        are `tanh((r - 1) / 10)` times `lam`, `mu` (0 at r = 0); `fixed`:
+        `lam`, `mu` from the first round.
+    """
+
+    latent_dim: int = 32
+    score_lr: float = 0.5
+    item_lr: float = 200.0
+    weight_decay: float = 1e-4
+    lam: float = 0.1
+    mu: float = 0.1
+    round_decay: float = 0.97
+    step_decay: float = 0.95
+    batch_size: int = 2048
+    local_epochs: int = 10
+    tol: float = 1e-4
+    curriculum: str = 'tanh'
+
+    def __post_init__(self):
+        for name in ('score_lr', 'item_lr', 'round_decay', 'step_decay'):
+            if not 0 < getattr(self, name) < float('inf'):
+                raise ValueError(f'{name} must be positive and finite, got '
+                                 f'{getattr(self, name)}')
+        for name in ('weight_decay', 'lam', 'mu', 'tol'):
+            if not 0 <= getattr(self, name) < float('inf'):
+                raise ValueError(f'{name} must be non-negative and finite, got '
+                                 f'{getattr(self, name)}')
+        for name in ('latent_dim', 'batch_size', 'local_epochs'):
+            if isinstance(getattr(self, name), bool) or getattr(self, name) < 1:
+                raise ValueError(f'{name} must be a positive integer, got '
+                                 f'{getattr(self, name)}')
+        if self.curriculum not in ('tanh', 'fixed'):
+            raise ValueError(f"curriculum must be 'tanh' or 'fixed', got {self.curriculum!r}")
+
+    def weights(self, round_index: int) -> tuple[float, float]:
+        """`(lam, mu)` of round `round_index` (from 0)."""
+        if self.curriculum == 'fixed':
+            return self.lam, self.mu
+        factor = math.tanh((round_index - 1) / 10) if round_index > 0 else 0.0
+        return factor * self.lam, factor * self.mu
+
+    def learning_rates(self, round_index: int) -> tuple[float, float]:
+        """`(score_lr, item_lr)` at the first step of round `round_index`."""
+        factor = self.round_decay ** round_index
+        return self.score_lr * factor, self.item_lr * factor
+
+
+DEFAULT_CONFIG = FedRAPConfig()
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +165,7 @@ def hyper_spec() -> collections.OrderedDict:
     return collections.OrderedDict(score_lr=scalar, item_lr=scalar, lam=scalar, mu=scalar)
 
 
-def round_hyper(config: algorithm_config.FedRAPConfig, round_index) -> collections.OrderedDict:
+def round_hyper(config: FedRAPConfig, round_index) -> collections.OrderedDict:
     """`hyper_spec` values of round `round_index` (from 0), in TF."""
     r = tf.cast(round_index, tf.float32)
     factor = config.round_decay ** r
@@ -107,7 +179,7 @@ def round_hyper(config: algorithm_config.FedRAPConfig, round_index) -> collectio
         lam=ramp * config.lam, mu=ramp * config.mu)
 
 
-def initial_weights(num_items: int, config: algorithm_config.FedRAPConfig,
+def initial_weights(num_items: int, config: FedRAPConfig,
                     seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """The initial C, D0 and score function (the authors' layers' init).
 
@@ -157,7 +229,7 @@ def batch_loss_grads(e_d, e_c, w, b, y, m, lam, mu):
     return (loss, grad_d, grad_c, tf.einsum('gb,gbd->gd', g, e), tf.reduce_sum(g, axis=1))
 
 
-def make_client_update(num_items: int, config: algorithm_config.FedRAPConfig):
+def make_client_update(num_items: int, config: FedRAPConfig):
     """The users' local round as a `tf.function` over a group of G users.
 
     Each user runs up to `local_epochs` epochs of SGD steps (the learning
@@ -253,7 +325,7 @@ def make_client_update(num_items: int, config: algorithm_config.FedRAPConfig):
     return update
 
 
-def build_fedrap_process(*, num_items: int, config: algorithm_config.FedRAPConfig,
+def build_fedrap_process(*, num_items: int, config: FedRAPConfig,
                          seed: int = 0) -> tff.templates.IterativeProcess:
     """FedRAP's round (types in the module docstring).
 

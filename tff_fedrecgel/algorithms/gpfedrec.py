@@ -35,13 +35,81 @@ published code differs from the paper.
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedrecgel import algorithm_config
 from tff_fedrecgel.algorithms import pfedrec
+
+
+@dataclasses.dataclass(frozen=True)
+class GPFedRecConfig:
+    """GPFedRec's round (this module); defaults are its authors'
+    published settings (their train.py; docs/ALGORITHM.md, "GPFedRec").
+
+    Attributes:
+      latent_dim: User and item embedding size.
+      layers: Widths of the score MLP on `[user embedding, item embedding]`
+        (the first is `2 * latent_dim`).
+      lr: SGD learning rate of the MLP.
+      lr_eta: The user embedding's rate is `lr * lr_eta / client_fraction -
+        lr`, the item table's `lr * num_items * lr_eta - lr` (the authors'
+        scaling).
+      reg: Weight of the mean squared distance of the user's item table to
+        its personalized target.
+      batch_size: Examples per local minibatch.
+      local_epochs: Local epochs over the user's round batch.
+      neighborhood_threshold: A user's neighbors are those whose relation
+        passes `neighborhood_threshold` times the graph's mean.
+      mp_layers: Message-passing steps on the user graph.
+      neighbors: `'similar'` (the paper: the most similar tables) or
+        `'distant'` (the published code, which ranks by cosine distance).
+      client_fraction: The round's share of users (the user embedding's rate).
+    """
+
+    latent_dim: int = 32
+    layers: tuple = (64, 32, 16, 8)
+    lr: float = 0.1
+    lr_eta: float = 80.0
+    reg: float = 1.0
+    batch_size: int = 256
+    local_epochs: int = 1
+    neighborhood_threshold: float = 1.0
+    mp_layers: int = 1
+    neighbors: str = 'similar'
+    client_fraction: float = 1.0
+
+    def __post_init__(self):
+        for name in ('lr', 'lr_eta', 'neighborhood_threshold'):
+            if not 0 < getattr(self, name) < float('inf'):
+                raise ValueError(f'{name} must be positive and finite, got '
+                                 f'{getattr(self, name)}')
+        if not 0 <= self.reg < float('inf'):
+            raise ValueError(f'reg must be >= 0 and finite, got {self.reg}')
+        if not 0 < self.client_fraction <= 1:
+            raise ValueError(f'client_fraction must be in (0, 1], got {self.client_fraction}')
+        for name in ('latent_dim', 'batch_size', 'local_epochs', 'mp_layers'):
+            if isinstance(getattr(self, name), bool) or getattr(self, name) < 1:
+                raise ValueError(f'{name} must be a positive integer, got '
+                                 f'{getattr(self, name)}')
+        if len(self.layers) < 2 or self.layers[0] != 2 * self.latent_dim:
+            raise ValueError(f'layers must start at 2 * latent_dim = {2 * self.latent_dim}, '
+                             f'got {self.layers}')
+        if self.neighbors not in ('similar', 'distant'):
+            raise ValueError(f"neighbors must be 'similar' or 'distant', got {self.neighbors!r}")
+
+    def user_lr(self) -> float:
+        """The user embedding's learning rate."""
+        return self.lr * self.lr_eta / self.client_fraction - self.lr
+
+    def item_lr(self, num_items: int) -> float:
+        """The item table's learning rate for `num_items` items."""
+        return self.lr * num_items * self.lr_eta - self.lr
+
+
+DEFAULT_CONFIG = GPFedRecConfig()
 
 
 
@@ -54,7 +122,7 @@ def _torch_bce(logit, label):
     return loss, lambda upstream: (upstream * grad, tf.zeros_like(label))
 
 
-def local_spec(config: algorithm_config.GPFedRecConfig) -> collections.OrderedDict:
+def local_spec(config: GPFedRecConfig) -> collections.OrderedDict:
     """TF specs of a group's device state: user embedding and MLP, `[G, ...]`."""
     spec = collections.OrderedDict(user=tf.TensorSpec([None, config.latent_dim], tf.float32))
     for i, (a, b) in enumerate(zip(config.layers[:-1], config.layers[1:])):
@@ -65,7 +133,7 @@ def local_spec(config: algorithm_config.GPFedRecConfig) -> collections.OrderedDi
     return spec
 
 
-def initial_weights(num_items: int, config: algorithm_config.GPFedRecConfig, seed: int):
+def initial_weights(num_items: int, config: GPFedRecConfig, seed: int):
     """The initial item table and one user's device state (the authors'
     torch layers' init: embeddings N(0, 1), linear layers uniform in
     +-1/sqrt(fan_in)); every user starts from the same state.
@@ -98,7 +166,7 @@ def logits(local, user, item_rows, num_hidden: int) -> tf.Tensor:
     return tf.einsum('gba,ga->gb', x, local['w_out']) + local['b_out'][:, tf.newaxis]
 
 
-def make_client_update(num_items: int, config: algorithm_config.GPFedRecConfig):
+def make_client_update(num_items: int, config: GPFedRecConfig):
     """The users' local round as a `tf.function` over a group of G users.
 
     Returns:
@@ -162,7 +230,7 @@ def make_client_update(num_items: int, config: algorithm_config.GPFedRecConfig):
     return update
 
 
-def build_client_process(*, num_items: int, config: algorithm_config.GPFedRecConfig):
+def build_client_process(*, num_items: int, config: GPFedRecConfig):
     """Step 2 of the round as a TFF computation (types in the module docstring).
 
     Returns:
@@ -231,7 +299,7 @@ def rows_gram(flat: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return gram
 
 
-def relation_graph(gram: np.ndarray, config: algorithm_config.GPFedRecConfig) -> np.ndarray:
+def relation_graph(gram: np.ndarray, config: GPFedRecConfig) -> np.ndarray:
     """The user-relation graph `A [n, n]` (rows sum to 1) from the Gram
     matrix of the users' flattened tables.
 
@@ -250,13 +318,13 @@ def relation_graph(gram: np.ndarray, config: algorithm_config.GPFedRecConfig) ->
     return (linked / np.maximum(counts, 1)[:, None]).astype(np.float32)
 
 
-def user_graph(tables: np.ndarray, config: algorithm_config.GPFedRecConfig) -> np.ndarray:
+def user_graph(tables: np.ndarray, config: GPFedRecConfig) -> np.ndarray:
     """`relation_graph` of the participants' flattened tables `[n, num_items * d]`."""
     flat = np.asarray(tables, np.float32)
     return relation_graph(rows_gram(flat, np.arange(len(flat))), config)
 
 
-def propagation(graph: np.ndarray, config: algorithm_config.GPFedRecConfig) -> np.ndarray:
+def propagation(graph: np.ndarray, config: GPFedRecConfig) -> np.ndarray:
     """`A^mp_layers`: each participant's target is this matrix's row times the tables."""
     return np.linalg.matrix_power(graph.astype(np.float64), config.mp_layers).astype(np.float32)
 
@@ -274,7 +342,7 @@ def rows_transform(flat: np.ndarray, rows: np.ndarray, matrix: np.ndarray,
     return flat if out is None else out
 
 
-def graph_aggregate(tables: np.ndarray, config: algorithm_config.GPFedRecConfig):
+def graph_aggregate(tables: np.ndarray, config: GPFedRecConfig):
     """Step 3 on a round's tables, all at once (the adapter runs the same
     steps in place, a block at a time).
 

@@ -32,12 +32,50 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedrecgel import algorithm_config
 
 # torch.nn.BCELoss on a probability (the authors' loss): logs clamped at
 # -100, the gradient's denominator p (1 - p) at 1e-12.
 _LOG_FLOOR = -100.0
 _GRAD_EPS = 1e-12
+
+
+@dataclasses.dataclass(frozen=True)
+class PFedRecConfig:
+    """PFedRec's client work (this module); defaults are its
+    authors' published settings (docs/ALGORITHM.md, "PFedRec").
+
+    Attributes:
+      latent_dim: Item embedding size.
+      score_lr: SGD learning rate of the personal score function.
+      item_lr_eta: The item embedding's SGD learning rate is
+        `score_lr * num_items * item_lr_eta` (the authors' scaling).
+      batch_size: Examples per local minibatch (the last one may be short).
+      local_epochs: Local epochs over the user's round batch.
+    """
+
+    latent_dim: int = 32
+    score_lr: float = 0.1
+    item_lr_eta: float = 80.0
+    batch_size: int = 256
+    local_epochs: int = 1
+
+    def __post_init__(self):
+        for name in ('score_lr', 'item_lr_eta'):
+            if not 0 < getattr(self, name) < float('inf'):
+                raise ValueError(f'{name} must be positive and finite, got '
+                                 f'{getattr(self, name)}')
+        for name in ('latent_dim', 'batch_size', 'local_epochs'):
+            if isinstance(getattr(self, name), bool) or getattr(self, name) < 1:
+                raise ValueError(f'{name} must be a positive integer, got '
+                                 f'{getattr(self, name)}')
+
+    def item_lr(self, num_items: int) -> float:
+        """The item embedding's learning rate for `num_items` items."""
+        return self.score_lr * num_items * self.item_lr_eta
+
+
+DEFAULT_CONFIG = PFedRecConfig()
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +117,7 @@ def score_spec(latent_dim: int) -> collections.OrderedDict:
                                    b=tf.TensorSpec([None], tf.float32))
 
 
-def initial_weights(num_items: int, config: algorithm_config.PFedRecConfig,
+def initial_weights(num_items: int, config: PFedRecConfig,
                     seed: int) -> tuple[np.ndarray, np.ndarray, float]:
     """The initial item table and score function (the authors' layers' init).
 
@@ -107,7 +145,7 @@ def bce_and_grad(logits: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Te
     return loss, (p - labels) / tf.maximum(pq, _GRAD_EPS) * pq
 
 
-def make_client_update(num_items: int, config: algorithm_config.PFedRecConfig):
+def make_client_update(num_items: int, config: PFedRecConfig):
     """The users' local round as a `tf.function` over a group of G users.
 
     Each minibatch, as the authors' code does: one SGD step of the score
@@ -175,7 +213,7 @@ def make_client_update(num_items: int, config: algorithm_config.PFedRecConfig):
     return update
 
 
-def build_pfedrec_process(*, num_items: int, config: algorithm_config.PFedRecConfig,
+def build_pfedrec_process(*, num_items: int, config: PFedRecConfig,
                           seed: int = 0) -> tff.templates.IterativeProcess:
     """PFedRec's round (types in the module docstring).
 

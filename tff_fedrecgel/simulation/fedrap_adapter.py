@@ -22,7 +22,6 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_fedrecgel import algorithm_config
 from tff_fedrecgel.algorithms import fedrap
 from tff_fedrecgel.algorithms import pfedrec
 from tff_fedrecgel.data import batching
@@ -36,7 +35,7 @@ class FedRAP:
     """FedRAP over a population (an `Algorithm` of the driver)."""
 
     def __init__(self, *, model_config, num_users: int, seed: int = 0,
-                 config: algorithm_config.FedRAPConfig = algorithm_config.FEDRAP,
+                 config: fedrap.FedRAPConfig = fedrap.DEFAULT_CONFIG,
                  reconstruction=None, grouped: bool = True,
                  max_group_examples: int = batching.DEFAULT_MAX_GROUP_EXAMPLES):
         """Builds the TFF process.
@@ -260,7 +259,7 @@ class FedRAP:
 
 def build(method, context) -> FedRAP:
     """FedRAP's algorithm (its `methods.Method.builder`), at its authors'
-    settings (`algorithm_config.FEDRAP`).
+    settings (`fedrap.DEFAULT_CONFIG`).
 
     Args:
       method: The `methods.Method`.
@@ -269,6 +268,6 @@ def build(method, context) -> FedRAP:
     del method
     return FedRAP(
         model_config=context.model_config, num_users=context.split.num_users,
-        seed=context.seed, reconstruction=context.work, config=algorithm_config.FEDRAP,
+        seed=context.seed, reconstruction=context.work, config=fedrap.DEFAULT_CONFIG,
         grouped=context.users_per_client != 1,
         max_group_examples=context.max_group_examples)

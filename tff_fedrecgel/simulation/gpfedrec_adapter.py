@@ -27,7 +27,6 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tff_fedrecgel import algorithm_config
 from tff_fedrecgel.algorithms import gpfedrec, pfedrec
 from tff_fedrecgel.data import batching
 from tff_fedrecgel.data.client_data import Batch
@@ -72,7 +71,7 @@ class GPFedRec:
     """GPFedRec over a population (an `Algorithm` of the driver)."""
 
     def __init__(self, *, model_config, num_users: int, seed: int = 0,
-                 config: algorithm_config.GPFedRecConfig = algorithm_config.GPFEDREC,
+                 config: gpfedrec.GPFedRecConfig = gpfedrec.DEFAULT_CONFIG,
                  reconstruction=None, grouped: bool = True,
                  max_group_examples: int = batching.DEFAULT_MAX_GROUP_EXAMPLES):
         """Builds the TFF computation.
@@ -296,7 +295,7 @@ def build(method, context) -> GPFedRec:
     return GPFedRec(
         model_config=context.model_config, num_users=context.split.num_users,
         seed=context.seed, reconstruction=context.work,
-        config=algorithm_config.GPFedRecConfig(local_epochs=context.work.local_epochs,
+        config=gpfedrec.GPFedRecConfig(local_epochs=context.work.local_epochs,
                                                client_fraction=fraction),
         grouped=context.users_per_client != 1,
         max_group_examples=context.max_group_examples)

@@ -21,7 +21,6 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_fedrecgel import algorithm_config
 from tff_fedrecgel.algorithms import pfedrec
 from tff_fedrecgel.data import batching
 from tff_fedrecgel.data.client_data import Batch
@@ -67,7 +66,7 @@ class PFedRec:
     """PFedRec over a population (an `Algorithm` of the driver)."""
 
     def __init__(self, *, model_config, num_users: int, seed: int = 0,
-                 config: algorithm_config.PFedRecConfig = algorithm_config.PFEDREC,
+                 config: pfedrec.PFedRecConfig = pfedrec.DEFAULT_CONFIG,
                  reconstruction=None, grouped: bool = True,
                  max_group_examples: int = batching.DEFAULT_MAX_GROUP_EXAMPLES):
         """Builds the TFF process.
@@ -246,6 +245,6 @@ def build(method, context) -> PFedRec:
     return PFedRec(
         model_config=context.model_config, num_users=context.split.num_users,
         seed=context.seed, reconstruction=context.work,
-        config=algorithm_config.PFedRecConfig(local_epochs=context.work.local_epochs),
+        config=pfedrec.PFedRecConfig(local_epochs=context.work.local_epochs),
         grouped=context.users_per_client != 1,
         max_group_examples=context.max_group_examples)
