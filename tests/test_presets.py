@@ -101,6 +101,16 @@ def test_a_preset_file_fills_in_settings(tmp_path):
     assert (fedncf.rho_sh, fedncf.rho_ns) == (0.0, 0.0)
 
 
+
+def test_the_banner_of_a_preset_file_shows_settings_whose_default_is_none(tmp_path):
+    # The tuner's best_preset.json sets rounds_per_full_eval, whose default is None.
+    path = tmp_path / 'best.json'
+    path.write_text(json.dumps({'settings': {'rounds_per_full_eval': 5, 'server_lr': 0.02}}))
+    run = run_settings.settings('synthetic', preset=str(path))
+    line = setting_changes.preset_banner(run, None)
+    assert 'rounds_per_full_eval None -> 5' in line and 'server_lr 0.001 -> 0.02' in line
+
+
 @pytest.mark.parametrize('content, message', [
     (None, 'preset file not found'),
     ('{not json', 'not a readable JSON preset'),

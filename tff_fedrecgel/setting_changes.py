@@ -44,6 +44,14 @@ def changed_settings(hparams: Mapping[str, Any]) -> list[str]:
     return changed
 
 
+def _shown(value) -> str:
+    """A setting's value in the banner: numbers short, anything else as is
+    (a default may be None)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f'{value:g}'
+    return str(value)
+
+
 def preset_banner(run: Settings, data_profile: recipes.DataProfile | None) -> str:
     """One line saying which preset a run uses and every setting it changed.
 
@@ -59,8 +67,7 @@ def preset_banner(run: Settings, data_profile: recipes.DataProfile | None) -> st
     for name, value in spec.preset(run.preset, data_profile).items():
         before = task_default(spec, name)
         if getattr(run, name, None) == value and value != before:
-            changed.append(f'{name} {before:g} -> {value:g}' if isinstance(value, (int, float))
-                           and not isinstance(value, bool) else f'{name} {before} -> {value}')
+            changed.append(f'{name} {_shown(before)} -> {_shown(value)}')
     line = f'preset {run.preset}: ' + (', '.join(changed) or 'changes nothing here')
     if run.preset == recipes.AUTO and data_profile is not None:
         line += f' ({recipes.describe_auto(data_profile)})'
