@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tff_fedrecgel.methods import METHODS
 from tff_fedrecgel.launch import study
 from tff_fedrecgel.launch.study import Run
+from tff_fedrecgel.methods import METHODS
 
 # Each peer method's settings are its registry entry's (`Method.peer`).
 PEER_SETTINGS = {name: tuple(f'--{k}={v}' for k, v in method.peer.settings.items())

@@ -64,9 +64,9 @@ class PeerSettings:
 # minibatches of 25, the server adding the mean change (SGD at 1). FedSAM
 # and FedASAM train the same way (with their own radii), so that the three
 # differ only in where the shared part's perturbation comes from.
-FEDLESAM_TRAINING = {'local_epochs': 5, 'client_lr': 0.1, 'chunk_size': 25,
+_FEDLESAM_TRAINING = {'local_epochs': 5, 'client_lr': 0.1, 'chunk_size': 25,
                      'server_optimizer': 'sgd', 'server_lr': 1}
-_LESAM_TRAINING = PeerSettings(FEDLESAM_TRAINING, 'FedLESAM\'s local training')
+_LESAM_TRAINING = PeerSettings(_FEDLESAM_TRAINING, 'FedLESAM\'s local training')
 # The peer recommenders' authors train every user every round.
 _EVERY_USER = PeerSettings({'client_fraction': 1})
 
@@ -175,7 +175,7 @@ METHODS = {m.name: m for m in (
            rho_ns=0.0, fixes={'update': 'model_delta'}, default_radii=(0.1, 0.0),
            takes=_GLOBAL_SAM_TAKES, note=_GLOBAL_SAM_NOTE, exports=False, tunable=False,
            global_perturbation='global_change',
-           peer=PeerSettings({**FEDLESAM_TRAINING, 'rho_sh': 0.1})),
+           peer=PeerSettings({**_FEDLESAM_TRAINING, 'rho_sh': 0.1})),
     Method('fedgloss', 'FedGloSS', 'FedGloSS: SAM on the server, which sends the weights moved '
            'along its last pseudo-gradient (radius 0.15 unless given) and steps the unmoved '
            'ones; clients train without SAM', rho_ns=0.0, fixes={'update': 'model_delta'},
