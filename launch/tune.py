@@ -150,7 +150,8 @@ def main(argv: list[str]) -> int:
                                  experiment_name=os.path.basename(root_dir)):
         print(f'{task.name}: tuning {method.name} on {config.objective}, '
               f'{config.trials} trials, dimensions: '
-              f'{", ".join(d.name for d in space) or "none"}; folder {root_dir}', flush=True)
+              f'{", ".join(d.name for d in tuning.method_space(space, method.name)) or "none"}; '
+              f'folder {root_dir}', flush=True)
 
         def trial_line(record, prefix=''):
             state = record['state'] + (' on the wall clock' if record.get('stopped') == 'wall clock'

@@ -110,6 +110,11 @@ def test_the_space_leaves_out_what_a_method_cannot_use():
         'update': 'gradient', 'server_lr': 0.01}
     assert tuning.suggest_settings(trial, space, 'sam_local') == {
         'update': 'gradient', 'server_lr': 0.01, 'rho_ns': 0.1}
+    # What the banner lists: the dimensions the method may be asked.
+    names = lambda algorithm: {d.name for d in tuning.method_space(space, algorithm)}
+    assert names('fedncf') == {'update', 'local_epochs', 'server_lr'}
+    assert names('fedrecgel') == {'update', 'local_epochs', 'server_lr', 'rho_sh', 'rho_ns'}
+    assert names('central') == set()
     with pytest.raises(DataError, match='objective'):
         tuning.TuneConfig(task='synthetic', objective='valid_full')
 

@@ -121,21 +121,25 @@ def search_space(names: Sequence[str] | None = None) -> tuple[Dimension, ...]:
     return tuple(d for d in SEARCH_SPACE if d.name in names)
 
 
+def method_space(space: Sequence[Dimension], algorithm: str) -> tuple[Dimension, ...]:
+    """The dimensions of `space` a trial of `algorithm` may be asked (those
+    it takes and does not fix; a model-change dimension is asked only when
+    the trial's update is a model change)."""
+    method = methods.get_method(algorithm)
+    has_sam = method.rho_sh is None or method.rho_ns is None
+    return tuple(
+        dim for dim in space
+        if not method.refused([dim.name])  # It takes the setting and does not fix it.
+        and not (dim.needs_sam and (not has_sam or getattr(method, dim.name) is not None))
+        and not (dim.federated and method.algorithm == methods.CENTRAL))
+
+
 def suggest_settings(trial: optuna.Trial, space: Sequence[Dimension],
                      algorithm: str) -> dict[str, Any]:
     """The settings a trial tries (what the method cannot use is not asked)."""
     method = methods.get_method(algorithm)
-    has_sam = method.rho_sh is None or method.rho_ns is None
     values: dict[str, Any] = {}
-    for dim in space:
-        if method.refused([dim.name]):
-            continue  # The method does not take it, or fixes it.
-        if dim.needs_sam and not has_sam:
-            continue
-        if dim.federated and method.algorithm == methods.CENTRAL:
-            continue
-        if dim.needs_sam and getattr(method, dim.name) is not None:
-            continue  # This method fixes this radius.
+    for dim in method_space(space, algorithm):
         update = values.get('update', method.fixes.get('update', 'gradient'))
         if dim.needs_model_delta and update != 'model_delta':
             continue
