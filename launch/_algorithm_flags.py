@@ -16,6 +16,7 @@ from absl import flags
 from tff_fedrecgel.launch import _data_flags
 from tff_fedrecgel.launch import _tree_flags
 from tff_fedrecgel import methods
+from tff_fedrecgel import recipes
 from tff_fedrecgel import run_settings
 from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError
@@ -43,6 +44,18 @@ def selected_task() -> tasks.Task:
     return tasks.get_task(TASK.value)
 
 
+def selected_algorithm() -> str:
+    """The method named by --algorithm; unless given, the one a --preset
+    file was tuned for, else fedrecgel.
+
+    Raises:
+      DataError: If the preset file is missing or unreadable.
+    """
+    if ALGORITHM.present:
+        return ALGORITHM.value
+    return recipes.preset_algorithm(PRESET.value) or ALGORITHM.value
+
+
 def settings(task: tasks.Task, data_profile=None) -> run_settings.Settings:
     """The run's settings: every flag named as a `Settings` field and given on
     the command line, over the task's defaults and its `--preset`.
@@ -63,7 +76,7 @@ def settings(task: tasks.Task, data_profile=None) -> run_settings.Settings:
              and flags.FLAGS[field.name].present}
     try:
         return run_settings.settings(
-            task.name, algorithm=ALGORITHM.value, preset=PRESET.value,
+            task.name, algorithm=selected_algorithm(), preset=PRESET.value,
             data_profile=data_profile, data_dir=_data_flags.DATA_DIR.value,
             data_options=_data_flags.task_options(task), **given)
     except run_settings.SettingError as e:

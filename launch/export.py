@@ -188,7 +188,7 @@ def main(argv: list[str]) -> int:
 
     work = settings.client_work()
     model_config = algo.model_config(settings, split.num_items)
-    print(f'{task.name}: {split.num_items:,} items; {algo.ALGORITHM.value} '
+    print(f'{task.name}: {split.num_items:,} items; {settings.algorithm} '
           f'(rho_sh={work.rho_sh}, rho_ns={work.rho_ns}, {work.local_state} device state, '
           f'{work.update} upload); exporting to {output_dir}', flush=True)
     deployment = export.build_deployment(
@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
         deployment, output_dir,
         extra_hyperparameters={
             'task': task.name,
-            'algorithm': algo.ALGORITHM.value,
+            'algorithm': settings.algorithm,
             # What a device draws for the sampled protocol (the computation
             # ranks whatever candidates it is given).
             'eval_negatives': settings.eval_negatives,

@@ -74,7 +74,7 @@ def _settings(task, data_profile=None) -> run_settings.Settings:
     """All settings of the run, from the task's defaults and the flags."""
     if simulation_flags.CLIENTS_PER_ROUND.present and simulation_flags.CLIENT_FRACTION.present:
         raise ValueError('give --clients_per_round or --client_fraction, not both')
-    _check_method(algo.ALGORITHM.value, private=_private())
+    _check_method(algo.selected_algorithm(), private=_private())
     return algo.settings(task, data_profile)
 
 

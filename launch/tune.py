@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
     if given:
         raise DataError(f'a search sets {", ".join(given)} itself (trials train on '
                         'the validation item); drop them')
-    method = methods.get_method(algo.ALGORITHM.value)
+    method = methods.get_method(algo.selected_algorithm())
     if not method.tunable:
         tunable = ', '.join(m.name for m in methods.METHODS.values() if m.tunable)
         raise DataError(f'--algorithm={method.name}: the search covers {tunable}')

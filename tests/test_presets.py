@@ -111,8 +111,23 @@ def test_the_banner_of_a_preset_file_shows_settings_whose_default_is_none(tmp_pa
     assert 'rounds_per_full_eval None -> 5' in line and 'server_lr 0.001 -> 0.02' in line
 
 
+def test_a_tuned_preset_runs_the_method_it_was_tuned_for_unless_another_is_given(tmp_path):
+    # As launch/tune.py writes it: the method beside the settings.
+    path = tmp_path / 'best_preset.json'
+    path.write_text(json.dumps({'settings': {'rho_sh': 0.2, 'server_lr': 0.02},
+                                'algorithm': 'fedgloss', 'task': 'synthetic'}))
+    run = run_settings.settings('synthetic', preset=str(path))
+    assert (run.algorithm, run.rho_sh, run.server_lr) == ('fedgloss', 0.2, 0.02)
+    assert 'tuned for fedgloss, ' in setting_changes.preset_banner(run, None)
+    other = run_settings.settings('synthetic', algorithm='fedncf', preset=str(path))
+    assert (other.algorithm, other.rho_sh, other.server_lr) == ('fedncf', 0.0, 0.02)
+    assert 'tuned for fedgloss, run as fedncf' in setting_changes.preset_banner(other, None)
+    assert recipes.preset_algorithm(recipes.AUTO) is None
+
+
 @pytest.mark.parametrize('content, message', [
     (None, 'preset file not found'),
+    ('{"algorithm": "fedncf"}', 'may not set algorithm'),
     ('{not json', 'not a readable JSON preset'),
     ('[1, 2]', 'holds a JSON object'),
     ('{"task": "csv"}', 'may not set task'),

@@ -173,14 +173,14 @@ METHODS = {m.name: m for m in (
            'the last global model change the server sends (one backward pass a step; radius '
            '0.1 unless given; the user embedding by plain Adam)',
            rho_ns=0.0, fixes={'update': 'model_delta'}, default_radii=(0.1, 0.0),
-           takes=_GLOBAL_SAM_TAKES, note=_GLOBAL_SAM_NOTE, exports=False, tunable=False,
+           takes=_GLOBAL_SAM_TAKES, note=_GLOBAL_SAM_NOTE, exports=False,
            global_perturbation='global_change',
            peer=PeerSettings({**_FEDLESAM_TRAINING, 'rho_sh': 0.1})),
     Method('fedgloss', 'FedGloSS', 'FedGloSS: SAM on the server, which sends the weights moved '
            'along its last pseudo-gradient (radius 0.15 unless given) and steps the unmoved '
            'ones; clients train without SAM', rho_ns=0.0, fixes={'update': 'model_delta'},
            default_radii=(0.15, 0.0), takes=_GLOBAL_SAM_TAKES, note=_GLOBAL_SAM_NOTE,
-           exports=False, tunable=False, global_perturbation='server',
+           exports=False, global_perturbation='server',
            # Its authors' CIFAR-10 command: 1 local epoch of SGD at 0.01 on
            # minibatches of 64, server SGD at 1.
            peer=PeerSettings({'local_epochs': 1, 'client_lr': 0.01, 'chunk_size': 64,

@@ -124,6 +124,33 @@ def is_preset_file(name: str) -> bool:
     return isinstance(name, str) and name.endswith('.json')
 
 
+def _load_preset_file(path: str) -> Any:
+    try:
+        with open(os.path.expanduser(path), encoding='utf-8') as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise DataError(f'{path}: preset file not found') from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f'{path}: not a readable JSON preset ({e})') from None
+
+
+def preset_algorithm(name: str) -> str | None:
+    """The method a preset file was tuned for (`launch/tune.py` records it
+    beside the settings it holds under ``"settings"``), or None (a built-in
+    preset, or a file without one).
+
+    Raises:
+      DataError: If the file is missing or unreadable.
+    """
+    if not is_preset_file(name):
+        return None
+    content = _load_preset_file(name)
+    if not (isinstance(content, Mapping) and isinstance(content.get('settings'), Mapping)):
+        return None  # A bare object of settings, which may not set the method.
+    algorithm = content.get('algorithm')
+    return algorithm if isinstance(algorithm, str) else None
+
+
 def read_preset_file(path: str) -> dict[str, Any]:
     """The settings of a preset file: a JSON object, or one holding them
     under ``"settings"`` (as `launch/tune.py` writes).
@@ -131,13 +158,7 @@ def read_preset_file(path: str) -> dict[str, Any]:
     Raises:
       DataError: If the file is missing or not such an object.
     """
-    try:
-        with open(path, encoding='utf-8') as f:
-            content = json.load(f)
-    except FileNotFoundError:
-        raise DataError(f'{path}: preset file not found') from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f'{path}: not a readable JSON preset ({e})') from None
+    content = _load_preset_file(path)
     if isinstance(content, Mapping) and isinstance(content.get('settings'), Mapping):
         content = content['settings']
     if not isinstance(content, Mapping) or not all(isinstance(k, str) for k in content):
@@ -179,7 +200,7 @@ def preset_values(name: str, tuned: Mapping[str, Any],
         return dict(tuned)
     if name == AUTO:
         return auto_recipe(profile)
-    return read_preset_file(os.path.expanduser(name))
+    return read_preset_file(name)
 
 
 def needs_data(name: str) -> bool:

@@ -408,7 +408,7 @@ def _task_defaults(spec: tasks.Task) -> dict[str, Any]:
             'rho_sh': spec.rho_sh, 'rho_ns': spec.rho_ns}
 
 
-def settings(task: str, *, algorithm: str = methods.FEDRECGEL,
+def settings(task: str, *, algorithm: str | None = None,
              rho_sh: float | None = None, rho_ns: float | None = None,
              total_rounds: int | None = None, client_fraction: float | None = None,
              preset: str | None = None, data_profile: recipes.DataProfile | None = None,
@@ -420,7 +420,8 @@ def settings(task: str, *, algorithm: str = methods.FEDRECGEL,
       task: A name of `TASK_NAMES`; its SAM radii, rounds and client
         fraction are the defaults (`tasks.get_task(task)` shows them).
       algorithm: A name of `METHOD_NAMES`; radii it fixes (e.g. fedncf: 0)
-        win over the task's.
+        win over the task's. None: the method a preset file was tuned for
+        (`recipes.preset_algorithm`), else fedrecgel.
       rho_sh, rho_ns: SAM radii (None: the task's, or the preset's).
       total_rounds, client_fraction: None: the task's (or the preset's).
       preset: A preset of `recipes` (None: the task's `default_preset`); its
@@ -438,8 +439,10 @@ def settings(task: str, *, algorithm: str = methods.FEDRECGEL,
       DataError: For an unknown task or an unreadable preset file.
     """
     spec = tasks.get_task(task)
-    method = methods.get_method(algorithm)
     preset = spec.default_preset if preset is None else preset
+    if algorithm is None:
+        algorithm = recipes.preset_algorithm(preset) or methods.FEDRECGEL
+    method = methods.get_method(algorithm)
     from_preset = spec.preset(preset, data_profile)
     refused = sorted(set(from_preset) & set(NOT_PRESETTABLE))
     if refused:

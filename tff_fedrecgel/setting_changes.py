@@ -68,6 +68,10 @@ def preset_banner(run: Settings, data_profile: recipes.DataProfile | None) -> st
         before = task_default(spec, name)
         if getattr(run, name, None) == value and value != before:
             changed.append(f'{name} {_shown(before)} -> {_shown(value)}')
+    tuned_for = recipes.preset_algorithm(run.preset)
+    if tuned_for is not None:  # Said, since the method changes what the settings do.
+        changed.insert(0, f'tuned for {tuned_for}' + (
+            '' if tuned_for == run.algorithm else f', run as {run.algorithm}'))
     line = f'preset {run.preset}: ' + (', '.join(changed) or 'changes nothing here')
     if run.preset == recipes.AUTO and data_profile is not None:
         line += f' ({recipes.describe_auto(data_profile)})'

@@ -165,7 +165,8 @@ TREE = (
                 "transfer by the data's history length (five local epochs below 50 "
                 'interactions per user, one gradient a round with a faster server above), '
                 'with the training negatives derived from the data (docs/RESULTS.md, '
-                '"Transfer"); or a .json preset file (launch/tune.py writes one). Default: '
+                '"Transfer"); or a .json preset file (launch/tune.py writes one, with the '
+                'method it tuned, which is then the default --algorithm). Default: '
                 "paper for the paper's datasets, auto for csv and synthetic. Flags given "
                 'explicitly win.', filled='run'),
     )),
