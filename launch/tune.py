@@ -156,8 +156,10 @@ def main(argv: list[str]) -> int:
         def trial_line(record, prefix=''):
             state = record['state'] + (' on the wall clock' if record.get('stopped') == 'wall clock'
                                        else '')
-            print(f'{prefix}trial {record["trial"]}: {state}, {config.objective} '
-                  f'{record["value"]:.4f} in {record["wall_seconds"]:.0f} s, '
+            value = ('before its first evaluation' if record['value'] is None
+                     else f'{config.objective} {record["value"]:.4f}')
+            print(f'{prefix}trial {record["trial"]}: {state}, {value} '
+                  f'in {record["wall_seconds"]:.0f} s, '
                   f'{json.dumps(record["settings"])}', flush=True)
 
         with api.Session():

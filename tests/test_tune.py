@@ -168,14 +168,22 @@ def test_api_tune_runs_the_same_search(tmp_path):
 class _SlowExperiment:
     """A stand-in for `api.experiment` whose rounds take 50 ms each."""
 
+    first_evaluation = 1  # The first round that evaluates.
+
     def __init__(self, *args, **kwargs):
         pass
 
     def train(self, on_round_end):
         for round_num in range(1, 41):
             time.sleep(0.05)
-            on_round_end(round_num, {'valid_full': {'ndcg@10': 0.01 * round_num}})
+            released = ({'valid_full': {'ndcg@10': 0.01 * round_num}}
+                        if round_num >= self.first_evaluation else {})
+            on_round_end(round_num, released)
         return {'seconds_per_round': 0.05, 'rounds': 40}
+
+
+class _LateExperiment(_SlowExperiment):
+    first_evaluation = 30
 
 
 def test_a_trial_past_its_wall_clock_limit_is_pruned(tmp_path):
@@ -192,6 +200,10 @@ def test_a_trial_past_its_wall_clock_limit_is_pruned(tmp_path):
     assert [t['state'] for t in trials] == ['pruned', 'pruned']
     assert all(t['stopped'] == 'wall clock' and t['wall_seconds'] < 1.5 for t in trials)
     assert all(0 < t['value'] < 0.4 for t in trials)
+    # A trial stopped before its first evaluation reached no value (not -1).
+    late = tuning.run_search(limited, root=tmp_path / 'late', split=split,
+                             make_experiment=_LateExperiment)
+    assert [t['value'] for t in late['trials_this_call']] == [None, None]
     assert record['completed_trials'] == 0 and 'preset_file' not in record
     # The default limit is a share of the budget; without one, trials finish.
     assert tuning.TuneConfig(task='synthetic', max_minutes=8).trial_limit_minutes == 2

@@ -282,7 +282,9 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
       root: The tuning folder (the study, `trials/`, `best_preset.json`).
       split: The loaded split (with a validation item), shared by every trial.
       make_experiment: `api.experiment`, or a stand-in with its signature.
-      on_trial_end: Called with each finished trial's record.
+      on_trial_end: Called with each finished trial's record (its `value`
+        is the best objective it reached, None if it was stopped before
+        its first evaluation).
 
     Returns:
       The search's record: the best trial, its settings, trials run and
@@ -313,12 +315,12 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
         start = time.perf_counter()
         ends = [t for t in (deadline, limit and time.monotonic() + 60 * limit) if t]
         stop_at = min(ends) if ends else None
-        best, stopped = [-1.0], [None]
+        best, stopped = [None], [None]  # None: stopped before its first evaluation.
 
         def report(round_num, released):
             if group in released:
                 value = float(released[group][metric])
-                best[0] = max(best[0], value)
+                best[0] = value if best[0] is None else max(best[0], value)
                 trial.report(value, step=round_num)
                 if trial.should_prune():
                     stopped[0] = 'metric'
@@ -351,7 +353,7 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
             timings.append(record)
             if on_trial_end is not None:
                 on_trial_end(record)
-        return best[0]
+        return -1.0 if best[0] is None else best[0]
 
     while _finished(study) < config.trials:
         left = None if deadline is None else deadline - time.monotonic()
