@@ -16,7 +16,6 @@ from absl import flags
 from tff_fedrecgel.launch import _data_flags
 from tff_fedrecgel.launch import _tree_flags
 from tff_fedrecgel import methods
-from tff_fedrecgel import recipes
 from tff_fedrecgel import run_settings
 from tff_fedrecgel import tasks
 from tff_fedrecgel.errors import DataError
@@ -51,9 +50,8 @@ def selected_algorithm() -> str:
     Raises:
       DataError: If the preset file is missing or unreadable.
     """
-    if ALGORITHM.present:
-        return ALGORITHM.value
-    return recipes.preset_algorithm(PRESET.value) or ALGORITHM.value
+    return run_settings.chosen_algorithm(ALGORITHM.value if ALGORITHM.present else None,
+                                         PRESET.value)
 
 
 def settings(task: tasks.Task, data_profile=None) -> run_settings.Settings:

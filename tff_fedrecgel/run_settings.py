@@ -408,6 +408,18 @@ def _task_defaults(spec: tasks.Task) -> dict[str, Any]:
             'rho_sh': spec.rho_sh, 'rho_ns': spec.rho_ns}
 
 
+def chosen_algorithm(algorithm: str | None, preset: str | None) -> str:
+    """The method a run trains: `algorithm` if given, else the one a preset
+    file was tuned for (`recipes.preset_algorithm`), else fedrecgel.
+
+    Raises:
+      DataError: If the preset file is missing or unreadable.
+    """
+    if algorithm is not None:
+        return algorithm
+    return (preset is not None and recipes.preset_algorithm(preset)) or methods.FEDRECGEL
+
+
 def settings(task: str, *, algorithm: str | None = None,
              rho_sh: float | None = None, rho_ns: float | None = None,
              total_rounds: int | None = None, client_fraction: float | None = None,
@@ -420,8 +432,7 @@ def settings(task: str, *, algorithm: str | None = None,
       task: A name of `TASK_NAMES`; its SAM radii, rounds and client
         fraction are the defaults (`tasks.get_task(task)` shows them).
       algorithm: A name of `METHOD_NAMES`; radii it fixes (e.g. fedncf: 0)
-        win over the task's. None: the method a preset file was tuned for
-        (`recipes.preset_algorithm`), else fedrecgel.
+        win over the task's. None: `chosen_algorithm`'s.
       rho_sh, rho_ns: SAM radii (None: the task's, or the preset's).
       total_rounds, client_fraction: None: the task's (or the preset's).
       preset: A preset of `recipes` (None: the task's `default_preset`); its
@@ -440,8 +451,7 @@ def settings(task: str, *, algorithm: str | None = None,
     """
     spec = tasks.get_task(task)
     preset = spec.default_preset if preset is None else preset
-    if algorithm is None:
-        algorithm = recipes.preset_algorithm(preset) or methods.FEDRECGEL
+    algorithm = chosen_algorithm(algorithm, preset)
     method = methods.get_method(algorithm)
     from_preset = spec.preset(preset, data_profile)
     refused = sorted(set(from_preset) & set(NOT_PRESETTABLE))
