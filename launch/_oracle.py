@@ -65,17 +65,24 @@ def run_authors(script: str, case: dict) -> dict:
       script: The authors' side, a file name in this folder.
       case: The case's arrays.
 
-    Raises:
-      subprocess.CalledProcessError: If the authors' side fails.
+    Exits with one line if `--authors_code` is not a folder or the authors'
+    side fails (its own output above the line says why).
     """
+    if not os.path.isdir(AUTHORS.value):
+        sys.exit(f'error: --authors_code={AUTHORS.value} is not a folder (clone the authors\' '
+                 'repository there)')
     with tempfile.TemporaryDirectory() as tmp:
         folder = KEEP.value or tmp
         os.makedirs(folder, exist_ok=True)
         case_path, out_path = os.path.join(folder, 'case.npz'), os.path.join(folder, 'out.npz')
         np.savez(case_path, **case)
-        subprocess.run([TORCH.value, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                  script), AUTHORS.value, case_path, out_path],
-                       check=True)
+        try:
+            subprocess.run([TORCH.value, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                      script), AUTHORS.value, case_path, out_path],
+                           check=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            sys.exit(f'error: the authors\' side ({script} under --torch_python='
+                     f'{TORCH.value}) failed: {e}')
         return dict(np.load(out_path))
 
 

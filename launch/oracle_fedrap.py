@@ -34,7 +34,8 @@ if __package__ in (None, ''):
     # Run as `python launch/oracle_fedrap.py`: make the repository importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tff_fedrecgel.algorithms import fedrap  # pylint: disable=g-import-not-at-top
+from tff_fedrecgel.algorithms import personal_batches  # pylint: disable=g-import-not-at-top
+from tff_fedrecgel.recommenders.fedrap import computation as fedrap  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.launch import _entry  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.launch import _oracle  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.data.client_data import FederatedTrainData  # pylint: disable=g-import-not-at-top
@@ -57,8 +58,7 @@ _TOLERANCE = flags.DEFINE_float('tolerance', 1e-4, 'Largest allowed absolute dif
 
 def _case(split, config, users, rounds, seed):
     """The case both sides run: weights, and per round the users' batches."""
-    from tff_fedrecgel.algorithms import fedrap  # pylint: disable=g-import-not-at-top
-    from tff_fedrecgel.algorithms import pfedrec  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.recommenders.fedrap import computation as fedrap  # pylint: disable=g-import-not-at-top
     c0, d0, w0, b0 = fedrap.initial_weights(split.num_items, config, seed)
     data = FederatedTrainData.from_split(split)
     case = {'num_users': split.num_users, 'num_items': split.num_items, 'rounds': rounds,
@@ -70,7 +70,7 @@ def _case(split, config, users, rounds, seed):
         width = min(config.batch_size, max(len(items) for items, _ in batches))
         case[f'r{r}_width'] = width
         for u, (items, labels) in zip(users, batches):
-            order = pfedrec.epoch_orders(len(items), config.local_epochs, width,
+            order = personal_batches.epoch_orders(len(items), config.local_epochs, width,
                                          np.random.default_rng([seed, r, u]))
             case.update({f'r{r}_u{u}_items': items, f'r{r}_u{u}_labels': labels,
                          f'r{r}_u{u}_order': order})
@@ -79,8 +79,8 @@ def _case(split, config, users, rounds, seed):
 
 def _project_side(case, config, seed):
     """The project's TFF round and the adapter's storage on the case."""
-    from tff_fedrecgel.algorithms import fedrap  # pylint: disable=g-import-not-at-top
-    from tff_fedrecgel.simulation import fedrap_adapter  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.recommenders.fedrap import computation as fedrap  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.recommenders.fedrap import adapter as fedrap_adapter  # pylint: disable=g-import-not-at-top
     algorithm = fedrap_adapter.FedRAP(
         model_config=types.SimpleNamespace(num_items=int(case['num_items'])),
         num_users=int(case['num_users']), seed=seed, config=config)

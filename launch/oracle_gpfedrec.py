@@ -36,7 +36,8 @@ if __package__ in (None, ''):
     # Run as `python launch/oracle_gpfedrec.py`: make the repository importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tff_fedrecgel.algorithms import gpfedrec  # pylint: disable=g-import-not-at-top
+from tff_fedrecgel.algorithms import personal_batches  # pylint: disable=g-import-not-at-top
+from tff_fedrecgel.recommenders.gpfedrec import computation as gpfedrec  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.launch import _entry  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.launch import _oracle  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.data.client_data import FederatedTrainData  # pylint: disable=g-import-not-at-top
@@ -56,7 +57,7 @@ _TOLERANCE = flags.DEFINE_float('tolerance', 1e-6,
 
 def _case(split, config, users, rounds, seed):
     """The case both sides run (users renumbered 0..n-1, as their code needs)."""
-    from tff_fedrecgel.algorithms import gpfedrec, pfedrec  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.recommenders.gpfedrec import computation as gpfedrec  # pylint: disable=g-import-not-at-top
     table0, local0 = gpfedrec.initial_weights(split.num_items, config, seed)
     data = FederatedTrainData.from_split(split)
     case = {'num_users': len(users), 'num_items': split.num_items,
@@ -69,7 +70,7 @@ def _case(split, config, users, rounds, seed):
     for r in range(rounds):
         batches = data.round_batches(users, seed=seed, round_num=r + 1)
         for u, (items, labels) in enumerate(batches):
-            order = pfedrec.epoch_orders(len(items), config.local_epochs, config.batch_size,
+            order = personal_batches.epoch_orders(len(items), config.local_epochs, config.batch_size,
                                          np.random.default_rng([seed, r, u]))
             case.update({f'r{r}_u{u}_items': items, f'r{r}_u{u}_labels': labels,
                          f'r{r}_u{u}_order': order})
@@ -78,8 +79,8 @@ def _case(split, config, users, rounds, seed):
 
 def _project_side(case, config, per_user):
     """The project's rounds on the case, through the simulation's GPFedRec."""
-    from tff_fedrecgel.algorithms import gpfedrec, pfedrec  # pylint: disable=g-import-not-at-top
-    from tff_fedrecgel.simulation import gpfedrec_adapter  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.recommenders.gpfedrec import computation as gpfedrec  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.recommenders.gpfedrec import adapter as gpfedrec_adapter  # pylint: disable=g-import-not-at-top
     n, num_items = int(case['num_users']), int(case['num_items'])
     algorithm = gpfedrec_adapter.GPFedRec(
         model_config=types.SimpleNamespace(num_items=num_items), num_users=n,
@@ -95,7 +96,7 @@ def _project_side(case, config, per_user):
     for r in range(int(case['rounds'])):
         batches = [(case[f'r{r}_u{u}_items'], case[f'r{r}_u{u}_labels']) for u in users]
         groups = [[u] for u in users] if per_user else [users]
-        clients = [(g, pfedrec.pack_groups([batches[u] for u in g],
+        clients = [(g, personal_batches.pack_groups([batches[u] for u in g],
                                            [case[f'r{r}_u{u}_order'] for u in g],
                                            config.batch_size)) for g in groups]
         algorithm.run_round(users, batches, clients)

@@ -29,7 +29,8 @@ if __package__ in (None, ''):
     # Run as `python launch/oracle_pfedrec.py`: make the repository importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tff_fedrecgel.algorithms import pfedrec  # pylint: disable=g-import-not-at-top
+from tff_fedrecgel.algorithms import personal_batches  # pylint: disable=g-import-not-at-top
+from tff_fedrecgel.recommenders.pfedrec import computation as pfedrec  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.launch import _entry  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.launch import _oracle  # pylint: disable=g-import-not-at-top
 from tff_fedrecgel.data.client_data import FederatedTrainData  # pylint: disable=g-import-not-at-top
@@ -45,7 +46,7 @@ _TOLERANCE = flags.DEFINE_float('tolerance', 1e-5, 'Largest allowed absolute dif
 
 def _case(split, config, users, rounds, seed):
     """The case both sides run: weights, and per round the users' batches."""
-    from tff_fedrecgel.algorithms import pfedrec  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.recommenders.pfedrec import computation as pfedrec  # pylint: disable=g-import-not-at-top
     table0, w0, b0 = pfedrec.initial_weights(split.num_items, config, seed)
     data = FederatedTrainData.from_split(split)
     case = {'num_users': split.num_users, 'num_items': split.num_items,
@@ -57,7 +58,7 @@ def _case(split, config, users, rounds, seed):
         case[f'r{r}_users'] = np.asarray(users)
         batches = data.round_batches(users, seed=seed, round_num=r + 1)
         for u, (items, labels) in zip(users, batches):
-            order = pfedrec.epoch_orders(len(items), config.local_epochs, config.batch_size,
+            order = personal_batches.epoch_orders(len(items), config.local_epochs, config.batch_size,
                                          np.random.default_rng([seed, r, u]))
             case.update({f'r{r}_u{u}_items': items, f'r{r}_u{u}_labels': labels,
                          f'r{r}_u{u}_order': order})
@@ -66,7 +67,7 @@ def _case(split, config, users, rounds, seed):
 
 def _project_side(case, config, per_user):
     """The project's TFF round on the case: per round the server table and users."""
-    from tff_fedrecgel.algorithms import pfedrec  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.recommenders.pfedrec import computation as pfedrec  # pylint: disable=g-import-not-at-top
     num_items = int(case['num_items'])
     process = pfedrec.build_pfedrec_process(num_items=num_items, config=config)
     state = process.initialize()
@@ -82,7 +83,7 @@ def _project_side(case, config, per_user):
         for group in groups:
             scores.append(collections.OrderedDict(w=np.stack([w[u] for u in group]).reshape(-1, d),
                                         b=np.asarray([b[u] for u in group], np.float32)))
-            datas.append(pfedrec.pack_groups(
+            datas.append(personal_batches.pack_groups(
                 [(case[f'r{r}_u{u}_items'], case[f'r{r}_u{u}_labels']) for u in group],
                 [case[f'r{r}_u{u}_order'] for u in group], config.batch_size))
         received = np.asarray(state['item_table'])

@@ -15,10 +15,10 @@ import tensorflow_federated as tff
 
 from tff_fedrecgel import methods
 from tff_fedrecgel import run_settings
-from tff_fedrecgel.algorithms import fedrap
+from tff_fedrecgel.recommenders.fedrap import computation as fedrap
 from tff_fedrecgel.data import preprocess
 from tff_types import uploads as _uploads, walk as _walk  # pylint: disable=g-bad-import-order
-from tff_fedrecgel.simulation import fedrap_adapter
+from tff_fedrecgel.recommenders.fedrap import adapter as fedrap_adapter
 
 NUM_ITEMS = 9
 CONFIG = fedrap.FedRAPConfig(

@@ -12,9 +12,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedrecgel import run_settings
-from tff_fedrecgel.algorithms import gpfedrec, pfedrec
+from tff_fedrecgel.algorithms import personal_batches
+from tff_fedrecgel.recommenders.gpfedrec import computation as gpfedrec
 from tff_fedrecgel.errors import SettingError
-from tff_fedrecgel.simulation import gpfedrec_adapter
+from tff_fedrecgel.recommenders.gpfedrec import adapter as gpfedrec_adapter
 from tff_types import uploads as _uploads, walk as _walk  # pylint: disable=g-bad-import-order
 
 NUM_ITEMS = 11
@@ -58,14 +59,14 @@ def _case(seed=0, lengths=(7, 4)):
     for length in lengths:
         items = rng.integers(0, NUM_ITEMS, length).astype(np.int32)
         batches.append((items, (rng.random(length) < 0.4).astype(np.float32)))
-    orders = [pfedrec.epoch_orders(len(i), CONFIG.local_epochs, CONFIG.batch_size, rng)
+    orders = [personal_batches.epoch_orders(len(i), CONFIG.local_epochs, CONFIG.batch_size, rng)
               for i, _ in batches]
     _, local = gpfedrec.initial_weights(NUM_ITEMS, CONFIG, seed)
     return table, targets, batches, orders, local
 
 
 def _run_update(table, targets, batches, orders, local):
-    data = pfedrec.pack_groups(batches, orders, CONFIG.batch_size)
+    data = personal_batches.pack_groups(batches, orders, CONFIG.batch_size)
     g = len(batches)
     stacked = collections.OrderedDict(
         (k, tf.constant(np.tile(np.asarray(v)[None], (g,) + (1,) * np.ndim(v))))
@@ -148,13 +149,13 @@ def test_rounds_make_the_targets_and_global_table_of_the_graph(cohort):
         model_config=types.SimpleNamespace(num_items=NUM_ITEMS), num_users=4, config=CONFIG)
     algorithm.initialize()
     users = [0, 1, 2, 3]
-    data = pfedrec.pack_groups(batches, orders, CONFIG.batch_size)
+    data = personal_batches.pack_groups(batches, orders, CONFIG.batch_size)
     algorithm.run_round(users, batches, [(users, data)])
     tables = algorithm.tables.copy()
     targets, global_table = gpfedrec.graph_aggregate(tables, CONFIG)
     np.testing.assert_allclose(algorithm.table, global_table, atol=1e-5)
     sub = [batches[u] for u in cohort]
-    data = pfedrec.pack_groups(sub, [orders[u] for u in cohort], CONFIG.batch_size)
+    data = personal_batches.pack_groups(sub, [orders[u] for u in cohort], CONFIG.batch_size)
     seen = {}
     original = algorithm.process
 

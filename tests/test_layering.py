@@ -16,6 +16,8 @@ SOURCES = (('tff_fedrecgel', 'tff_fedrecgel'), ('tasks', 'tff_fedrecgel.tasks'),
 # The layers, top first: a module never imports a layer above its own.
 LAYERS = (('launch',), ('api',), ('program',), ('simulation',), ('algorithms', 'evaluation'),
           ('models', 'data', 'optimizers'))
+# A package under `recommenders` is one method: its roles stand in the layers.
+METHOD_PACKAGE_ROLES = {'computation': 'algorithms', 'adapter': 'simulation'}
 MAX_LINES = 500
 
 
@@ -64,7 +66,10 @@ def _graph(modules: dict[str, pathlib.Path]) -> dict[str, set[str]]:
 
 
 def _layer(module: str) -> int | None:
-    part = module.split('.')[1] if '.' in module else module
+    parts = module.split('.')
+    part = parts[1] if len(parts) > 1 else module
+    if part == 'recommenders' and len(parts) > 3:
+        part = METHOD_PACKAGE_ROLES[parts[3]]
     return next((i for i, names in enumerate(LAYERS) if part in names), None)
 
 
@@ -102,3 +107,20 @@ def test_no_module_is_over_500_lines():
     long = {str(p.relative_to(REPO)): n for p in _modules().values()
             if (n := len(p.read_text(encoding='utf-8').splitlines())) > MAX_LINES}
     assert not long, long
+
+
+def test_each_recommender_package_is_one_method_on_its_own():
+    """A method's package holds only its computation and adapter, and
+    imports no other method's package (adding one touches nothing else)."""
+    modules = _modules()
+    graph = _graph(modules)
+    packages = {m.split('.')[2] for m in modules
+                if m.startswith('tff_fedrecgel.recommenders.') and m.count('.') >= 2}
+    assert {'pfedrec', 'gpfedrec', 'fedrap'} <= packages
+    for module in modules:
+        parts = module.split('.')
+        if parts[:2] == ['tff_fedrecgel', 'recommenders'] and len(parts) > 3:
+            assert parts[3] in METHOD_PACKAGE_ROLES, module
+            others = [t for t in graph[module] if t.startswith('tff_fedrecgel.recommenders.')
+                      and t.split('.')[2] != parts[2]]
+            assert not others, (module, others)

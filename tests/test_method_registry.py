@@ -7,6 +7,8 @@ settings and the simulation builder, which know nothing of it; what it does
 not take is refused from its spec.
 """
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -79,16 +81,16 @@ def test_a_new_method_trains_and_evaluates_from_its_registration(registered):
 
 
 @pytest.mark.parametrize('name,refused', [
-    ('fedrecgel', []),
-    ('fedmf', []),
-    ('fedsam', ['update']),
-    ('fedasam', ['update']),
+    ('fedrecgel', ['lr_scale']),
+    ('fedmf', ['lr_scale']),
+    ('fedsam', ['update', 'lr_scale']),
+    ('fedasam', ['update', 'lr_scale']),
     ('fedrecon', ['server_optimizer', 'local_state', 'loss_reduction', 'update',
                   'local_epochs', 'client_lr', 'client_weighting', 'sharpness_probe',
-                  'workers']),
+                  'workers', 'lr_scale']),
     ('central', ['rho_sh', 'rho_ns', 'server_lr', 'server_optimizer', 'local_state',
                  'loss_reduction', 'update', 'local_epochs', 'client_lr',
-                 'client_weighting', 'sharpness_probe', 'workers']),
+                 'client_weighting', 'sharpness_probe', 'workers', 'lr_scale']),
     ('pfedrec', ['rho_sh', 'rho_ns', 'local_lr', 'server_lr', 'server_optimizer',
                  'local_state', 'reconstruction_steps', 'loss_reduction', 'update',
                  'client_lr', 'client_weighting', 'sharpness_probe', 'workers']),
@@ -167,3 +169,39 @@ def test_the_tuner_asks_only_what_a_method_takes(name):
     for _ in range(5):
         asked = set(tuning.suggest_settings(study.ask(), tuning.SEARCH_SPACE, name))
         assert not method.refused(asked), asked
+
+
+@pytest.mark.parametrize('name,config_rates', [
+    ('pfedrec', ('score_lr',)),
+    ('gpfedrec', ('lr',)),
+    ('fedrap', ('score_lr', 'item_lr')),
+])
+def test_lr_scale_multiplies_a_recommenders_own_rates(name, config_rates):
+    """--lr_scale reaches the method's own configuration: its authors' rates
+    times the scale (1 leaves them), so the tuner searches them."""
+    split = preprocess.build_split(synthetic.generate_synthetic(
+        num_users=20, num_items=40, mean_interactions=8, seed=0), num_negatives=20)
+    rates = {}
+    for scale in (1.0, 2.5):
+        settings = run_settings.settings('synthetic', algorithm=name, lr_scale=scale,
+                                         client_fraction=1.0)
+        algorithm = settings.build_simulation(split).algorithm
+        rates[scale] = [getattr(algorithm.config, r) for r in config_rates]
+    authors = importlib.import_module(f'tff_fedrecgel.recommenders.{name}.computation')
+    assert rates[1.0] == [getattr(authors.DEFAULT_CONFIG, r) for r in config_rates]
+    assert rates[2.5] == pytest.approx([2.5 * r for r in rates[1.0]])
+    with pytest.raises(ValueError, match='fedrecgel does not take lr_scale'):
+        run_settings.settings('synthetic', algorithm='fedrecgel', lr_scale=2.0)
+
+
+def test_the_tuner_searches_a_recommenders_local_epochs_and_rates():
+    """A method without an upload mode trains local epochs: the tuner asks
+    them (and the rate scale) without a model-change draw."""
+    import optuna  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import tuning  # pylint: disable=g-import-not-at-top
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    asked = tuning.suggest_settings(study.ask(), tuning.SEARCH_SPACE, 'pfedrec')
+    assert set(asked) == {'client_fraction', 'local_epochs', 'num_negatives', 'lr_scale'}
+    asked = tuning.suggest_settings(study.ask(), tuning.SEARCH_SPACE, 'fedrap')
+    assert set(asked) == {'client_fraction', 'num_negatives', 'lr_scale'}

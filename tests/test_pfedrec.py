@@ -9,7 +9,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedrecgel import run_settings
-from tff_fedrecgel.algorithms import pfedrec
+from tff_fedrecgel.algorithms import personal_batches
+from tff_fedrecgel.recommenders.pfedrec import computation as pfedrec
 from tff_types import uploads as _uploads, walk as _walk  # pylint: disable=g-bad-import-order
 
 NUM_ITEMS = 9
@@ -47,7 +48,7 @@ def _case(seed=0):
     for length in (7, 4):
         items = rng.integers(0, NUM_ITEMS, length).astype(np.int32)
         batches.append((items, (rng.random(length) < 0.4).astype(np.float32)))
-    orders = [pfedrec.epoch_orders(len(i), CONFIG.local_epochs, CONFIG.batch_size, rng)
+    orders = [personal_batches.epoch_orders(len(i), CONFIG.local_epochs, CONFIG.batch_size, rng)
               for i, _ in batches]
     w = rng.normal(scale=0.5, size=(2, CONFIG.latent_dim)).astype(np.float32)
     b = rng.normal(size=2).astype(np.float32)
@@ -56,7 +57,7 @@ def _case(seed=0):
 
 def _run_update(table, batches, orders, w, b):
     update = pfedrec.make_client_update(NUM_ITEMS, CONFIG)
-    data = pfedrec.pack_groups(batches, orders, CONFIG.batch_size)
+    data = personal_batches.pack_groups(batches, orders, CONFIG.batch_size)
     out = update(tf.constant(table), collections.OrderedDict(w=tf.constant(w), b=tf.constant(b)),
                  {k: tf.constant(v) for k, v in data.as_struct().items()})
     return data, tf.nest.map_structure(np.asarray, out)
@@ -93,8 +94,8 @@ def test_the_round_averages_the_users_tables():
     table, batches, orders, w, b = _case(2)
     process = pfedrec.build_pfedrec_process(num_items=NUM_ITEMS, config=CONFIG)
     state = collections.OrderedDict(item_table=table, round_num=np.int32(0))
-    clients = [pfedrec.pack_groups([batches[u]], [orders[u]], CONFIG.batch_size).as_struct()
-               for u in range(2)]
+    clients = [personal_batches.pack_groups([batches[u]], [orders[u]],
+                                            CONFIG.batch_size).as_struct() for u in range(2)]
     scores = [collections.OrderedDict(w=w[u:u + 1], b=b[u:u + 1]) for u in range(2)]
     new_state, new_scores, _, metrics = process.next(state, scores, clients)
     user_tables = []

@@ -53,6 +53,9 @@ class ClientWorkConfig:
       client_lr: SGD learning rate of the global part in 'model_delta' mode.
       client_weighting: 'uniform' (the authors' unweighted mean) or
         'num_examples'.
+      lr_scale: Multiplies every learning rate of a recommender with a round
+        of its own (PFedRec, GPFedRec, FedRAP; 1: its authors' rates), so
+        that the tuner can search them as it searches the others'.
       sam_eta: ASAM's eta for the global part (its perturbation scaled by
         `|w| + eta` on the weight matrices and embeddings); None: plain SAM.
       global_perturbation: One of `GLOBAL_PERTURBATIONS`: 'local' (SAM on the
@@ -73,6 +76,7 @@ class ClientWorkConfig:
     local_epochs: int = 1
     client_lr: float = 0.01
     client_weighting: str = 'uniform'
+    lr_scale: float = 1.0
     sam_eta: float | None = None
     global_perturbation: str = 'local'
 

@@ -2,13 +2,14 @@
 
 FedRecGEL, FedNCF and the two SAM ablations are one algorithm with different
 SAM radii; FedMF is it on the GMF-only model; FedRecon is TFF's Federated
-Reconstruction on the same NeuMF; PFedRec is a peer recommender with its own
-model (no user embedding), FedRAP another (a global item table plus each
-user's additive one). Each method is one `Method`: the settings
-it takes and fixes, its builder, whether it exports, is tuned and takes DP.
-The command line, the API, the study plan, the tuner, the export and the
-simulation builder all read this one registry: a new method is its adapter
-module (with a `build(method, context)` function) and one line here.
+Reconstruction on the same NeuMF; PFedRec, GPFedRec and FedRAP are peer
+recommenders with models and rounds of their own (a `recommenders/` package
+each). Each method is one `Method`: the settings it takes and fixes, its
+builder, whether it exports, is tuned and takes DP. The command line, the
+API, the study plan, the tuner, the export and the simulation builder all
+read this one registry: a new method is its own module (an adapter, or a
+`recommenders/` package, with a `build(method, context)` function) and one
+`Method(...)` entry here.
 Imports no TensorFlow.
 """
 
@@ -25,9 +26,8 @@ from tff_fedrecgel.errors import SettingError
 
 FEDRECGEL = 'fedrecgel'
 FEDRECON = 'fedrecon'
-PFEDREC = 'pfedrec'
-GPFEDREC = 'gpfedrec'
-FEDRAP = 'fedrap'
+# A recommender with its own model and TFF round (a `recommenders/` package).
+OWN_ROUND = 'own_round'
 ITEMPOP = 'itempop'
 CENTRAL = 'central'
 
@@ -38,11 +38,13 @@ CENTRAL = 'central'
 TRAINING_SETTINGS = ('rho_sh', 'rho_ns', 'local_lr', 'server_lr', 'server_optimizer',
                      'num_negatives', 'local_state', 'reconstruction_steps',
                      'loss_reduction', 'update', 'local_epochs', 'client_lr',
-                     'client_weighting', 'sharpness_probe', 'workers')
+                     'client_weighting', 'sharpness_probe', 'workers', 'lr_scale')
+# The FedRecGEL family's round has no rates of its own to scale.
+_ROUND_TAKES = frozenset(TRAINING_SETTINGS) - {'lr_scale'}
 _FEDRECGEL_BUILDER = 'tff_fedrecgel.simulation.fedrecgel_adapter:build'
 # FedLESAM and FedGloSS: the server's distributor holds a state the
 # multi-worker round and the sharpness probe do not carry.
-_GLOBAL_SAM_TAKES = frozenset(TRAINING_SETTINGS) - {'workers', 'sharpness_probe'}
+_GLOBAL_SAM_TAKES = _ROUND_TAKES - {'workers', 'sharpness_probe'}
 _GLOBAL_SAM_NOTE = 'the server sends the perturbation: no --workers, no sharpness probe'
 
 
@@ -83,8 +85,9 @@ class Method:
       rho_ns: The local radius it fixes (None: the task's or the flag's).
       gmf_only: Whether it uses the GMF-only model (no MLP branch).
       algorithm: Its family: `FEDRECGEL` (one TFF process, SAM radii as
-        settings), `FEDRECON`, `PFEDREC`, `GPFEDREC`, `FEDRAP`, `ITEMPOP` (the popularity floor) or `CENTRAL`
-        (the non-federated ceiling).
+        settings), `FEDRECON`, `OWN_ROUND` (a recommender package of its
+        own: PFedRec, GPFedRec, FedRAP), `ITEMPOP` (the popularity floor)
+        or `CENTRAL` (the non-federated ceiling).
       builder: `'module:function'` building its simulation algorithm from a
         `simulation.context.BuildContext` (imported when first built).
       takes: The `TRAINING_SETTINGS` it uses; given any other, a run is
@@ -113,7 +116,7 @@ class Method:
     gmf_only: bool = False
     algorithm: str = FEDRECGEL
     builder: str = _FEDRECGEL_BUILDER
-    takes: frozenset = frozenset(TRAINING_SETTINGS)
+    takes: frozenset = _ROUND_TAKES
     fixes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     note: str = ''
     private: bool = True
@@ -196,25 +199,25 @@ METHODS = {m.name: m for m in (
            exports=False, tunable=False),
     Method('pfedrec', 'PFedRec', 'PFedRec (Zhang et al., IJCAI 2023): item embeddings averaged by '
            'the server, each user\'s score function kept on its device and its item view '
-           'fine-tuned locally', rho_sh=0.0, rho_ns=0.0, algorithm=PFEDREC,
-           builder='tff_fedrecgel.simulation.pfedrec_adapter:build',
-           takes=frozenset({'num_negatives', 'local_epochs'}),
-           note='PFedRec: SGD at its authors\' rates, no server optimizer, no user embedding',
-           private=False, exports=False, tunable=False, peer=_EVERY_USER),
+           'fine-tuned locally', rho_sh=0.0, rho_ns=0.0, algorithm=OWN_ROUND,
+           builder='tff_fedrecgel.recommenders.pfedrec.adapter:build',
+           takes=frozenset({'num_negatives', 'local_epochs', 'lr_scale'}),
+           note='PFedRec: SGD at its authors\' rates (--lr_scale scales them), no server '
+           'optimizer, no user embedding', private=False, exports=False, peer=_EVERY_USER),
     Method('gpfedrec', 'GPFedRec', 'GPFedRec (Zhang et al., KDD 2024): each user fine-tunes its own '
            'item table and MLP; the server relates users by their tables and sends each '
            'the graph-aggregated table as its target', rho_sh=0.0, rho_ns=0.0,
-           algorithm=GPFEDREC, builder='tff_fedrecgel.simulation.gpfedrec_adapter:build',
-           takes=frozenset({'num_negatives', 'local_epochs'}),
-           note='GPFedRec: SGD at its authors\' rates, no server optimizer',
-           private=False, exports=False, tunable=False, peer=_EVERY_USER),
+           algorithm=OWN_ROUND, builder='tff_fedrecgel.recommenders.gpfedrec.adapter:build',
+           takes=frozenset({'num_negatives', 'local_epochs', 'lr_scale'}),
+           note='GPFedRec: SGD at its authors\' rates (--lr_scale scales them), no server '
+           'optimizer', private=False, exports=False, peer=_EVERY_USER),
     Method('fedrap', 'FedRAP', 'FedRAP (Li et al., ICLR 2024): each user\'s item table is a '
            'global part averaged by the server plus an additive part kept on its device',
-           rho_sh=0.0, rho_ns=0.0, algorithm=FEDRAP,
-           builder='tff_fedrecgel.simulation.fedrap_adapter:build',
-           takes=frozenset({'num_negatives'}),
-           note='FedRAP: SGD at its authors\' rates and 10 local epochs, no server optimizer, '
-           'no user embedding', private=False, exports=False, tunable=False,
+           rho_sh=0.0, rho_ns=0.0, algorithm=OWN_ROUND,
+           builder='tff_fedrecgel.recommenders.fedrap.adapter:build',
+           takes=frozenset({'num_negatives', 'lr_scale'}),
+           note='FedRAP: SGD at its authors\' rates (--lr_scale scales them) and 10 local '
+           'epochs, no server optimizer, no user embedding', private=False, exports=False,
            peer=_EVERY_USER),
     Method('itempop', 'popularity', 'item popularity counted federatedly, no model (the floor)',
            rho_sh=0.0, rho_ns=0.0, algorithm=ITEMPOP,

@@ -102,6 +102,7 @@ class Settings:
     local_epochs: int = _WORK.local_epochs
     client_lr: float = _WORK.client_lr
     client_weighting: str = _WORK.client_weighting
+    lr_scale: float = _WORK.lr_scale
     eval_protocol: str = protocols.SAMPLED.name
     eval_users: int | None = None
     eval_scoring: str = protocols.DEFAULT_SCORING

@@ -138,10 +138,13 @@ def suggest_settings(trial: optuna.Trial, space: Sequence[Dimension],
                      algorithm: str) -> dict[str, Any]:
     """The settings a trial tries (what the method cannot use is not asked)."""
     method = methods.get_method(algorithm)
+    # A method without an upload mode (a recommender of its own) always
+    # trains local epochs.
+    modes = 'update' in method.takes or 'update' in method.fixes
     values: dict[str, Any] = {}
     for dim in method_space(space, algorithm):
         update = values.get('update', method.fixes.get('update', 'gradient'))
-        if dim.needs_model_delta and update != 'model_delta':
+        if dim.needs_model_delta and modes and update != 'model_delta':
             continue
         values[dim.name] = dim.suggest(trial)
     return values

@@ -41,7 +41,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedrecgel.algorithms import pfedrec
+from tff_fedrecgel.algorithms import personal_batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +118,7 @@ def _torch_bce(logit, label):
     """torch's `BCELoss` on `sigmoid(logit)`, with its gradient: logs clamped
     at -100, and a saturated prediction (p (1 - p) under 1e-12) stops
     learning instead of dividing zero by zero."""
-    loss, grad = pfedrec.bce_and_grad(logit, label)
+    loss, grad = personal_batches.bce_and_grad(logit, label)
     return loss, lambda upstream: (upstream * grad, tf.zeros_like(label))
 
 
@@ -184,7 +184,7 @@ def make_client_update(num_items: int, config: GPFedRecConfig):
     spec = local_spec(config)
     rows_spec = tf.TensorSpec([None, None, d], tf.float32)
 
-    @tf.function(input_signature=[rows_spec, rows_spec, spec, pfedrec.client_data_spec()])
+    @tf.function(input_signature=[rows_spec, rows_spec, spec, personal_batches.client_data_spec()])
     def update(table_rows, targets, local, data):
         slots, labels, mask = data['slots'], data['labels'], data['mask']
         groups = tf.shape(slots)[0]
@@ -249,7 +249,7 @@ def build_client_process(*, num_items: int, config: GPFedRecConfig):
     rows_spec = tf.TensorSpec([None, None, d], tf.float32)
 
     @tff.tensorflow.computation(table_spec, rows_spec, local_spec(config),
-                                pfedrec.client_data_spec())
+                                personal_batches.client_data_spec())
     def client_tf(table, targets, local, data):
         out = update(tf.gather(table, data['local_ids']), targets, local, data)
         return (out['locals'], collections.OrderedDict(coef=out['coef'], rows=out['rows']),
@@ -266,7 +266,7 @@ def build_client_process(*, num_items: int, config: GPFedRecConfig):
     @tff.federated_computation(tff.FederatedType(tff.types.tensorflow_to_type(table_spec),
                                                  tff.SERVER),
                                at_clients(rows_spec), at_clients(local_spec(config)),
-                               at_clients(pfedrec.client_data_spec()))
+                               at_clients(personal_batches.client_data_spec()))
     def next_fn(table, targets, local, data):
         new_local, uploads, out = tff.federated_map(
             client_tf, (tff.federated_broadcast(table), targets, local, data))

@@ -1,6 +1,6 @@
 """PFedRec behind the driver's protocol.
 
-The round is `algorithms/pfedrec.py`'s TFF process. By default one TFF
+The round is `computation.py`'s TFF process. By default one TFF
 client simulates a group of users (vectorized; the same round as one user
 per client, each user's steps being its own); `--simulation=per_user` runs
 one user per client. Every user's score function `(w, b)` and its personal
@@ -21,45 +21,13 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_fedrecgel.algorithms import pfedrec
+from tff_fedrecgel.algorithms import personal_batches
 from tff_fedrecgel.data import batching
+from tff_fedrecgel.recommenders.pfedrec import computation as pfedrec
 from tff_fedrecgel.data.client_data import Batch
 
 # Salt of a user's shuffling stream, apart from the driver's batch draws.
 _ORDER_SALT = 0x5FED
-
-
-def user_orders(users: Sequence[int], batches: Sequence[Batch], config, *, seed: int,
-                round_num: int, salt: int) -> list[np.ndarray]:
-    """Each user's training order for the round (`pfedrec.epoch_orders`),
-    from `default_rng([seed, round_num, user, salt])`.
-
-    Args:
-      config: Has `local_epochs` and `batch_size`.
-    """
-    return [pfedrec.epoch_orders(len(items), config.local_epochs, config.batch_size,
-                                 np.random.default_rng([seed, round_num, int(u), salt]))
-            for u, (items, _) in zip(users, batches)]
-
-
-def client_groups(users: Sequence[int], batches: Sequence[Batch], config, *, seed: int,
-                  round_num: int, salt: int, grouped: bool, max_group_examples: int
-                  ) -> list[tuple[list[int], pfedrec.ClientData]]:
-    """A round's TFF clients, for PFedRec's data layout: each a list of
-    positions in `users` and their packed `pfedrec.ClientData` (one user per
-    client unless `grouped`).
-
-    Args:
-      config: Has `local_epochs` and `batch_size`.
-    """
-    orders = user_orders(users, batches, config, seed=seed, round_num=round_num, salt=salt)
-    if grouped:
-        groups = batching.group_by_length([len(o) for o in orders],
-                                          max_examples=max_group_examples, multiple=1)
-    else:
-        groups = [[i] for i in range(len(users))]
-    return [(g, pfedrec.pack_groups([batches[i] for i in g], [orders[i] for i in g],
-                                    config.batch_size)) for g in groups]
 
 
 class PFedRec:
@@ -120,13 +88,13 @@ class PFedRec:
         return int(self.state['round_num'])
 
     def _client_data(self, users: Sequence[int], batches: Sequence[Batch],
-                     round_num: int) -> list[tuple[list[int], pfedrec.ClientData]]:
+                     round_num: int) -> list[tuple[list[int], personal_batches.ClientData]]:
         """The round's TFF clients: (positions in `users`, their data)."""
-        return client_groups(users, batches, self.config, seed=self.seed, round_num=round_num,
-                             salt=_ORDER_SALT, grouped=self.grouped,
-                             max_group_examples=self.max_group_examples)
+        return personal_batches.client_groups(
+            users, batches, self.config, seed=self.seed, round_num=round_num, salt=_ORDER_SALT,
+            grouped=self.grouped, max_group_examples=self.max_group_examples)
 
-    def _keep_offsets(self, users, data: pfedrec.ClientData, offsets, batches) -> None:
+    def _keep_offsets(self, users, data: personal_batches.ClientData, offsets, batches) -> None:
         for row, user in enumerate(users):
             n = len(np.unique(batches[row][0]))
             self._offset_items[user] = data.local_ids[row, :n].copy()
@@ -177,9 +145,9 @@ class PFedRec:
         key = (self.round_num, tuple(int(u) for u in users))
         if key in self._new_users:
             return self._new_users[key]
-        orders = user_orders(users, batches, self.config, seed=self.seed, round_num=0,
-                             salt=_ORDER_SALT)
-        data = pfedrec.pack_groups(batches, orders, self.config.batch_size)
+        orders = personal_batches.user_orders(users, batches, self.config, seed=self.seed,
+                                              round_num=0, salt=_ORDER_SALT)
+        data = personal_batches.pack_groups(batches, orders, self.config.batch_size)
         n = len(users)
         out = self._update(
             tf.constant(self.global_weights[0]),
@@ -239,12 +207,15 @@ def build(method, context) -> PFedRec:
     Args:
       method: The `methods.Method`.
       context: The run's `simulation.context.BuildContext`; its
-        `work.local_epochs` is the local epochs.
+        `work.local_epochs` is the local epochs, `work.lr_scale` scales the
+        authors' rates.
     """
     del method
     return PFedRec(
         model_config=context.model_config, num_users=context.split.num_users,
         seed=context.seed, reconstruction=context.work,
-        config=pfedrec.PFedRecConfig(local_epochs=context.work.local_epochs),
+        config=pfedrec.PFedRecConfig(
+            local_epochs=context.work.local_epochs,
+            score_lr=pfedrec.DEFAULT_CONFIG.score_lr * context.work.lr_scale),
         grouped=context.users_per_client != 1,
         max_group_examples=context.max_group_examples)

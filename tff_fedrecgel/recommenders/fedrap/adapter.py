@@ -1,6 +1,6 @@
 """FedRAP behind the driver's protocol.
 
-The round is `algorithms/fedrap.py`'s TFF process. By default one TFF
+The round is `computation.py`'s TFF process. By default one TFF
 client simulates a group of users (vectorized; each user's steps are its
 own); `--simulation=per_user` runs one user per client. What a device keeps,
 its score function `(w_u, b_u)` and its additive table D_u, the adapter
@@ -17,15 +17,16 @@ the result; nothing of it is uploaded.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from tff_fedrecgel.algorithms import fedrap
-from tff_fedrecgel.algorithms import pfedrec
+from tff_fedrecgel.algorithms import personal_batches
 from tff_fedrecgel.data import batching
 from tff_fedrecgel.data.client_data import Batch
+from tff_fedrecgel.recommenders.fedrap import computation as fedrap
 
 # Salt of a user's shuffling stream, apart from the driver's batch draws.
 _ORDER_SALT = 0xFA4A
@@ -94,7 +95,7 @@ class FedRAP:
         for g in groups:
             # One minibatch per epoch for groups of short users: no padding to 2048.
             width = max(1, min(self.config.batch_size, max(len(batches[i][0]) for i in g)))
-            orders = [pfedrec.epoch_orders(
+            orders = [personal_batches.epoch_orders(
                 len(batches[i][0]), epochs, width,
                 np.random.default_rng([self.seed, round_num, int(users[i]), _ORDER_SALT]))
                 for i in g]
@@ -259,15 +260,19 @@ class FedRAP:
 
 def build(method, context) -> FedRAP:
     """FedRAP's algorithm (its `methods.Method.builder`), at its authors'
-    settings (`fedrap.DEFAULT_CONFIG`).
+    settings (`fedrap.DEFAULT_CONFIG`), their rates scaled by `lr_scale`.
 
     Args:
       method: The `methods.Method`.
-      context: The run's `simulation.context.BuildContext`.
+      context: The run's `simulation.context.BuildContext`; its
+        `work.lr_scale` scales the authors' rates.
     """
     del method
+    scale, authors = context.work.lr_scale, fedrap.DEFAULT_CONFIG
+    config = dataclasses.replace(authors, score_lr=authors.score_lr * scale,
+                                 item_lr=authors.item_lr * scale)
     return FedRAP(
         model_config=context.model_config, num_users=context.split.num_users,
-        seed=context.seed, reconstruction=context.work, config=fedrap.DEFAULT_CONFIG,
+        seed=context.seed, reconstruction=context.work, config=config,
         grouped=context.users_per_client != 1,
         max_group_examples=context.max_group_examples)

@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedrecgel.algorithms import pfedrec
+from tff_fedrecgel.algorithms import personal_batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,7 +215,7 @@ def batch_loss_grads(e_d, e_c, w, b, y, m, lam, mu):
     d = tf.cast(tf.shape(e_d)[2], tf.float32)
     count = tf.maximum(tf.reduce_sum(m, axis=1, keepdims=True), 1.0)  # [G, 1]
     e = e_d + e_c
-    bce, g = pfedrec.bce_and_grad(tf.einsum('gbd,gd->gb', e, w) + b[:, tf.newaxis], y)
+    bce, g = personal_batches.bce_and_grad(tf.einsum('gbd,gd->gb', e, w) + b[:, tf.newaxis], y)
     g = g * m / count
     diff = (e_d - e_c) * m[:, :, tf.newaxis]
     cell = (count * d)[:, :, tf.newaxis]  # The regularizers' mean is over B x d cells.
@@ -408,14 +408,14 @@ def pack_groups(batches, orders, width: int, epochs: int) -> ClientData:
 
     Args:
       batches: Each user's `(items, labels)`.
-      orders: Each user's `pfedrec.epoch_orders(len, epochs, width, rng)`.
+      orders: Each user's `personal_batches.epoch_orders(len, epochs, width, rng)`.
       width: Minibatch width the orders are padded to.
       epochs: Local epochs in the orders.
 
     Returns:
       The group's `ClientData`.
     """
-    base = pfedrec.pack_groups(batches, orders, width)
+    base = personal_batches.pack_groups(batches, orders, width)
     lengths = np.asarray([len(np.unique(items)) for items, _ in batches])
     local_mask = (np.arange(base.local_ids.shape[1])[None, :] < lengths[:, None])
     epoch_batches = np.asarray([len(o) // (epochs * width) for o in orders], np.int32)

@@ -1,6 +1,6 @@
 """GPFedRec behind the driver's protocol.
 
-The users' local round is `algorithms/gpfedrec.py`'s TFF computation (one
+The users' local round is `computation.py`'s TFF computation (one
 TFF client simulating a group of users, vectorized; each user's steps are
 its own); the server's graph step is its `graph_aggregate`. The adapter
 keeps what every device keeps (its user embedding, MLP and item table `P_u`,
@@ -27,11 +27,11 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tff_fedrecgel.algorithms import gpfedrec, pfedrec
+from tff_fedrecgel.algorithms import personal_batches
 from tff_fedrecgel.data import batching
 from tff_fedrecgel.data.client_data import Batch
-from tff_fedrecgel.simulation import pfedrec_adapter
 from tff_fedrecgel.errors import SettingError
+from tff_fedrecgel.recommenders.gpfedrec import computation as gpfedrec
 
 # Salt of a user's shuffling stream, apart from the driver's batch draws.
 _ORDER_SALT = 0x6FED
@@ -124,7 +124,7 @@ class GPFedRec:
         self._new_users = {}
 
     def _client_data(self, users, batches, round_num: int):
-        return pfedrec_adapter.client_groups(
+        return personal_batches.client_groups(
             users, batches, self.config, seed=self.seed, round_num=round_num,
             salt=_ORDER_SALT, grouped=self.grouped, max_group_examples=self.max_group_examples)
 
@@ -155,7 +155,7 @@ class GPFedRec:
                               self._client_data(users, batches, self.round_num + 1))
 
     def run_round(self, users: Sequence[int], batches: Sequence[Batch],
-                  clients: Sequence[tuple[Sequence[int], pfedrec.ClientData]]) -> dict:
+                  clients: Sequence[tuple[Sequence[int], personal_batches.ClientData]]) -> dict:
         """One round on given TFF clients (`(positions in users, data)` each)."""
         users = np.asarray(users, np.int64)
         target = self._targets(users)
@@ -212,9 +212,9 @@ class GPFedRec:
         key = (self.round_num, tuple(int(u) for u in users))
         if key in self._new_users:
             return self._new_users[key]
-        orders = pfedrec_adapter.user_orders(users, batches, self.config, seed=self.seed,
-                                             round_num=0, salt=_ORDER_SALT)
-        data = pfedrec.pack_groups(batches, orders, self.config.batch_size)
+        orders = personal_batches.user_orders(users, batches, self.config, seed=self.seed,
+                                              round_num=0, salt=_ORDER_SALT)
+        data = personal_batches.pack_groups(batches, orders, self.config.batch_size)
         n = len(users)
         rows0 = tf.gather(self.table, data.local_ids)
         local = collections.OrderedDict(
@@ -287,15 +287,17 @@ def build(method, context) -> GPFedRec:
     Args:
       method: The `methods.Method`.
       context: The run's `simulation.context.BuildContext`; its
-        `work.local_epochs` is the local epochs, and the cohort's share of
-        the users sets the user embedding's rate.
+        `work.local_epochs` is the local epochs, `work.lr_scale` scales the
+        authors' rates, and the cohort's share of the users sets the user
+        embedding's rate.
     """
     del method
     fraction = min(1.0, context.clients_per_round / max(1, len(context.training_users)))
     return GPFedRec(
         model_config=context.model_config, num_users=context.split.num_users,
         seed=context.seed, reconstruction=context.work,
-        config=gpfedrec.GPFedRecConfig(local_epochs=context.work.local_epochs,
-                                               client_fraction=fraction),
+        config=gpfedrec.GPFedRecConfig(
+            local_epochs=context.work.local_epochs, client_fraction=fraction,
+            lr=gpfedrec.DEFAULT_CONFIG.lr * context.work.lr_scale),
         grouped=context.users_per_client != 1,
         max_group_examples=context.max_group_examples)
