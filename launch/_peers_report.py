@@ -60,6 +60,8 @@ def _row_specs(runs: pd.DataFrame, dataset: str):
         yield kind, method, label
     for kind, method in _compared():
         yield kind, method, f'{_report.LABELS[method]}, {peers_study.settings_source(method)}'
+    for method in peers_study.SEARCHED:
+        yield 'searched', method, f'{_report.LABELS[method]}, searched (equal tuning)'
 
 
 def _compared() -> list[tuple[str, str]]:
@@ -137,7 +139,25 @@ def paired_lines(runs: pd.DataFrame) -> list[str]:
             _rows(runs, dataset, 'control', peers_study.CONTROL_METHOD).set_index('seed'))
         if seeds:
             control.append(f'| {title} | FedSAM − FedNCF | {" | ".join(cells)} | {seeds} |')
-    return lines + [''] + (control + [''] if len(control) > 4 else [])
+    return lines + [''] + (control + [''] if len(control) > 4 else []) + _searched_lines(runs)
+
+
+def _searched_lines(runs: pd.DataFrame) -> list[str]:
+    """At equal tuning: searched FedRecGEL minus each searched method,
+    paired by seed (none until a pair has run)."""
+    head = '| ' + ' | '.join(h for _, _, h in PAIRED) + ' | seeds |'
+    lines = ['### At equal tuning: FedRecGEL minus each method, each searched with '
+             f'the same budget, paired by seed (points, mean ± standard error)', '',
+             '| dataset | method ' + head, '|---|---|' + '---|' * (len(PAIRED) + 1)]
+    for dataset in study.DATASETS:
+        base = _rows(runs, dataset, 'searched', 'fedrecgel').set_index('seed')
+        for method in peers_study.SEARCHED[1:]:
+            cells, seeds = _paired_cells(
+                base, _rows(runs, dataset, 'searched', method).set_index('seed'))
+            if seeds:
+                lines.append(f'| {_report.TITLES[dataset]} | {_report.LABELS[method]} | '
+                             f'{" | ".join(cells)} | {seeds} |')
+    return lines + [''] if len(lines) > 4 else []
 
 
 def tables_block(runs: pd.DataFrame) -> str:

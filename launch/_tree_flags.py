@@ -59,14 +59,17 @@ def _define(setting: settings_tree.Setting, module_name: str) -> flags.FlagHolde
     return define(name, default, text, module_name=module_name)
 
 
-def define(concern: str, module_name: str) -> dict[str, flags.FlagHolder]:
+def define(concern: str, module_name: str,
+           only: tuple[str, ...] | None = None) -> dict[str, flags.FlagHolder]:
     """Defines the flags of a concern's settings in `module_name`.
 
     Args:
       concern: A leaf of `settings_tree.TREE`.
       module_name: The defining module (its flags are its key flags).
+      only: Just these settings of the leaf (None: all of them).
 
     Returns:
       The flags by setting name.
     """
-    return {s.name: _define(s, module_name) for s in settings_tree.leaf(concern).settings}
+    return {s.name: _define(s, module_name) for s in settings_tree.leaf(concern).settings
+            if only is None or s.name in only}

@@ -1,16 +1,27 @@
-"""The peers study (issue 28): the peer recommenders beside the popularity floor.
+"""The peers study: the peer recommenders beside the popularity floor.
 
 Each peer method runs under the settings its registry entry names
 (`methods.Method.peer`: the flags beyond the common ones, `PEER_SETTINGS`);
 every run holds out a validation item and 10% of the users and evaluates
 under both protocols, as the recipe study does.
-`launch/run_study.py --plan=peers` runs it.
+
+Then the same at equal tuning: every method of `SEARCHED` (FedRecGEL, its
+no-SAM twin FedNCF and each peer) is searched by the same tuner with the
+same budget (`launch/tune.py`, `--peer_search_trials` trials of the plan's
+rounds, on the validation item, seed 0) into `<dataset>/search_<method>/`,
+and its `searched_<method>_seed<s>` runs train at the search's
+`best_preset.json` once the search has reached its trials.
+`launch/run_study.py --plan=peers` runs both halves.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+import dataclasses
+import json
+import pathlib
 
+from tff_fedrecgel import tasks
 from tff_fedrecgel.launch import study
 from tff_fedrecgel.launch.study import Run
 from tff_fedrecgel.methods import METHODS
@@ -28,6 +39,60 @@ PEER_SEEDS = 5
 # (where test items repeat training pairs, as on LastFM-2K, remembering
 # the history is worth much of a full-ranking figure).
 FLOORS = ('itempop', 'history')
+# The methods searched with equal budgets: FedRecGEL, FedNCF and each peer.
+SEARCHED = ('fedrecgel', CONTROL_METHOD, *PEER_SETTINGS)
+# Finished trials of each search (the budget every method gets).
+SEARCH_TRIALS = 20
+# What a search writes (`tuning.PROGRESS`, `tuning.BEST_PRESET`); not
+# imported, so that listing the plan loads no TensorFlow.
+_PROGRESS, _BEST_PRESET = 'search.json', 'best_preset.json'
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+    """One method's search on one dataset (a `launch/tune.py` call).
+
+    Attributes:
+      name: `<dataset>/search_<method>`, its folder under the study root.
+      dataset: Task name.
+      method: `--algorithm` value.
+      trials: Finished trials it reaches (resumed across calls).
+      heldout_users: `--heldout_users` of its trials (the plan's).
+      rounds_per_full_eval: Its trials' full-ranking evaluations.
+      max_minutes: Wall-clock limit of one call (None: none); the next
+        call resumes.
+    """
+
+    name: str
+    dataset: str
+    method: str
+    trials: int
+    heldout_users: float
+    rounds_per_full_eval: int
+    max_minutes: float | None = None
+    seed: int = 0
+    script = 'tune.py'
+
+    def flags(self, data_dir: str) -> list[str]:
+        """`launch/tune.py` flags (without the output folder)."""
+        data = [] if tasks.get_task(self.dataset).raw_file is None else [f'--data_dir={data_dir}']
+        return [f'--task={self.dataset}', *data, f'--algorithm={self.method}',
+                f'--seed={self.seed}', f'--trials={self.trials}', '--noframe',
+                f'--heldout_users={self.heldout_users:g}',
+                f'--rounds_per_full_eval={self.rounds_per_full_eval}',
+                *([f'--max_minutes={self.max_minutes:g}'] if self.max_minutes else [])]
+
+    def preset_path(self, root: pathlib.Path) -> pathlib.Path:
+        """Where its best settings are written."""
+        return root / self.name / _BEST_PRESET
+
+    def finished(self, root: pathlib.Path) -> bool:
+        """Whether it has reached its trials (and written its preset)."""
+        try:
+            progress = json.loads((root / self.name / _PROGRESS).read_text())
+        except (OSError, ValueError):
+            return False
+        return bool(progress.get('done')) and self.preset_path(root).exists()
 
 
 def settings_source(method: str) -> str:
@@ -39,17 +104,24 @@ def settings_source(method: str) -> str:
 
 def peers_plan(datasets: Sequence[str] = study.DATASETS,
                methods: Sequence[str] = tuple(PEER_SETTINGS),
-               seeds: int = PEER_SEEDS) -> list[Run]:
+               seeds: int = PEER_SEEDS, root: pathlib.Path | None = None,
+               search_trials: int = SEARCH_TRIALS,
+               search_minutes: float | None = None) -> list[Run | Search]:
     """The peers study's runs: per dataset the floors, then each peer method
-    (and FedSAM's control with FedSAM), `seeds` seeds each, lowest seeds first.
+    (and FedSAM's control with FedSAM), `seeds` seeds each, lowest seeds first;
+    with `root`, also each `SEARCHED` method's search and its seeds.
 
     Args:
       datasets: Task names.
       methods: Peer methods (names of `PEER_SETTINGS`).
       seeds: Seeds of each.
+      root: The study root (the searched runs' presets are under it); None
+        leaves the equal-tuning half out.
+      search_trials: Finished trials of each search.
+      search_minutes: Wall-clock limit of one call of a search.
 
     Returns:
-      The runs.
+      The runs and searches.
 
     Raises:
       ValueError: For a method without authors' settings here.
@@ -72,4 +144,27 @@ def peers_plan(datasets: Sequence[str] = study.DATASETS,
                 runs.append(Run(name=f'{dataset}/control_{CONTROL_METHOD}_seed{s}',
                                 method=CONTROL_METHOD, seed=s, extra=CONTROL_SETTINGS,
                                 **common))
+        if root is not None:
+            runs += searched_runs(dataset, common, seeds, root, search_trials, search_minutes)
     return sorted(runs, key=lambda run: (run.seed, run.name))
+
+
+def searched_runs(dataset: str, common: dict, seeds: int, root: pathlib.Path,
+                  trials: int, minutes: float | None) -> list[Run | Search]:
+    """Each `SEARCHED` method's search on `dataset` and its seeds' runs at
+    the search's preset (`common`: the plan's shared run settings)."""
+    out: list[Run | Search] = []
+    for method in SEARCHED:
+        search = Search(f'{dataset}/search_{method}', dataset, method, trials,
+                        common['heldout_users'], common['rounds_per_full_eval'], minutes)
+        out.append(search)
+        out += [Run(name=f'{dataset}/searched_{method}_seed{s}', method=method, seed=s,
+                    preset=str(search.preset_path(root)), **common) for s in range(seeds)]
+    return out
+
+
+def search_of(run: Run | Search, plan: Sequence[Run | Search]) -> Search | None:
+    """The search whose preset `run` trains at, if any."""
+    return next((s for s in plan if isinstance(s, Search) and run.name != s.name
+                 and run.name.startswith(s.name.replace('/search_', '/searched_') + '_seed')),
+                None)

@@ -72,6 +72,13 @@ _ONLY = flags.DEFINE_string(
     'only', None, 'Run just the runs whose name contains this text.')
 _PEER_SEEDS = flags.DEFINE_integer(
     'peer_seeds', peers_study.PEER_SEEDS, 'Seeds of each method in the peers plan.')
+_PEER_SEARCH_TRIALS = flags.DEFINE_integer(
+    'peer_search_trials', peers_study.SEARCH_TRIALS,
+    'Peers plan: finished trials of each method\'s search (the equal tuning budget); 0 '
+    'leaves the equal-tuning half out.', lower_bound=0)
+_PEER_SEARCH_MINUTES = flags.DEFINE_float(
+    'peer_search_minutes', None, 'Peers plan: wall-clock limit of one call of a search '
+    '(the next call of the study resumes it).', lower_bound=0)
 _LIST = flags.DEFINE_bool('list', False, 'Print the plan and exit.')
 _SKIP_REPORTED = flags.DEFINE_bool(
     'skip_reported', True, 'Count the runs of the plan\'s report rows (docs/study_runs.csv, '
@@ -88,8 +95,9 @@ _PLAN = flags.DEFINE_enum(
     '--preset=auto by leaving one dataset out (launch/transfer_study.py); '
     'peers: the peer recommenders and the federated SAM family under their authors\' '
     'settings beside two floors (popularity; each user\'s own history first), with a '
-    'validation item, 10% held-out users and both protocols (--methods does not apply; '
-    '--peer_seeds sets the seeds).')
+    'validation item, 10% held-out users and both protocols, then every method again '
+    'at equal tuning (each searched by launch/tune.py with --peer_search_trials trials; '
+    '--methods does not apply; --peer_seeds sets the seeds).')
 
 # How long stopped runs get to write their checkpoint before they are killed.
 _STOP_SECONDS = 120.0
@@ -107,8 +115,11 @@ def _plan(datasets_dir: pathlib.Path | None) -> list[study.Run]:
         if name not in study.DATASETS:
             raise DataError(f'unknown dataset {name!r}; choose from {", ".join(study.DATASETS)}')
     if _PLAN.value == 'peers':
-        return _only(peers_study.peers_plan(datasets=_DATASETS.value,
-                                            seeds=_PEER_SEEDS.value))
+        searched = _PEER_SEARCH_TRIALS.value > 0
+        return _only(peers_study.peers_plan(
+            datasets=_DATASETS.value, seeds=_PEER_SEEDS.value,
+            root=pathlib.Path(_ROOT.value).resolve() if searched else None,
+            search_trials=_PEER_SEARCH_TRIALS.value, search_minutes=_PEER_SEARCH_MINUTES.value))
     for name in _METHODS.value:
         if name not in study.METHODS:
             raise DataError(f'unknown method {name!r}; choose from {", ".join(study.METHODS)}')
@@ -125,6 +136,16 @@ def _plan(datasets_dir: pathlib.Path | None) -> list[study.Run]:
 
 def _only(runs: list[study.Run]) -> list[study.Run]:
     return [run for run in runs if not _ONLY.value or _ONLY.value in run.name]
+
+
+def _finished(root: pathlib.Path, run) -> bool:
+    if isinstance(run, peers_study.Search):
+        return run.finished(root)
+    return study.is_finished(root, run)
+
+
+# What `_run_one` returns for a run whose search has not reached its trials.
+_WAITING = 'waiting'
 
 
 class _Children:
@@ -184,14 +205,22 @@ class _Children:
 
 
 def _run_one(run: study.Run, root: pathlib.Path, datasets_dir: pathlib.Path,
-             children: _Children) -> tuple[study.Run, int | None, float]:
+             children: _Children, search: peers_study.Search | None = None
+             ) -> tuple[study.Run, int | str | None, float]:
     folder, experiment = run.name.split('/', 1)  # Folder: the dataset's key.
     out_dir = root / folder
     out_dir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(pathlib.Path(__file__).with_name('train.py')),
-               *run.flags(str(datasets_dir / run.dataset)),
-               f'--root_output_dir={out_dir}', f'--experiment_name={experiment}',
-               '--noprogress']
+    preset = getattr(run, 'preset', '')
+    if (search is not None and not search.finished(root)) or (
+            preset.endswith('.json') and not os.path.exists(preset)):
+        return run, _WAITING, 0.0
+    output = ([f'--root_output_dir={out_dir / experiment}']
+              if isinstance(run, peers_study.Search) else
+              [f'--root_output_dir={out_dir}', f'--experiment_name={experiment}',
+               '--noprogress'])
+    command = [sys.executable,
+               str(pathlib.Path(__file__).with_name(getattr(run, 'script', 'train.py'))),
+               *run.flags(str(datasets_dir / run.dataset)), *output]
     start = time.perf_counter()
     with open(out_dir / f'{experiment}.log', 'a', encoding='utf-8') as log:
         try:
@@ -215,14 +244,19 @@ def main(argv: list[str]) -> int:
     runs = _plan(datasets_dir)
     reported = (_report.reported_runs(pathlib.Path(_report.LEDGERS[_PLAN.value]))
                 if _SKIP_REPORTED.value else set())
+    # A search is needed while a run at its preset is: a fresh checkout whose
+    # report holds every such run searches nothing again.
+    reported |= {run.name for run in runs if isinstance(run, peers_study.Search)
+                 and all(r.name in reported for r in runs
+                         if peers_study.search_of(r, [run]) is run)}
     todo = [run for run in runs
-            if not study.is_finished(root, run) and run.name not in reported]
+            if not _finished(root, run) and run.name not in reported]
     if _LIST.value:
         for run in runs:
             data_dir = (f'<datasets_dir>/{run.dataset}' if datasets_dir is None
                         else str(datasets_dir / run.dataset))
             state = 'todo' if run in todo else (
-                'done' if study.is_finished(root, run) else 'reported')
+                'done' if _finished(root, run) else 'reported')
             print(f'{state}  {run.name}  '
                   f'{" ".join(run.flags(data_dir))}')
         print(f'{len(runs) - len(todo)} of {len(runs)} runs done')
@@ -244,11 +278,15 @@ def main(argv: list[str]) -> int:
     children = _Children()
     pool = concurrent.futures.ThreadPoolExecutor(_PARALLEL.value)
     try:
-        futures = [pool.submit(_run_one, run, root, datasets_dir, children) for run in todo]
+        futures = [pool.submit(_run_one, run, root, datasets_dir, children,
+                               peers_study.search_of(run, runs)) for run in todo]
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
             run, code, seconds = future.result()
             if code is None:
                 status = 'skipped: another runner is running it'
+                skipped += 1
+            elif code == _WAITING:
+                status = 'waiting: its search has not reached its trials (run the study again)'
                 skipped += 1
             elif code == 0:
                 status = f'ok in {seconds:.0f} s'

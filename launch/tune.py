@@ -46,6 +46,7 @@ from tff_fedrecgel.launch import _data_flags
 from tff_fedrecgel.launch import _model_flags
 from tff_fedrecgel.launch import _ranking_flags
 from tff_fedrecgel.launch import _server_flags
+from tff_fedrecgel.launch import _tree_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel import run_settings
@@ -89,6 +90,11 @@ _START_FROM_AUTO = flags.DEFINE_bool(
     'search starts from what an untuned run would use.')
 _ROOT_OUTPUT_DIR = flags.DEFINE_string(
     'root_output_dir', None, 'The tuning folder (default: runs/tune_<task>_<algorithm>).')
+
+# Of the evaluation settings a search leaves to the user: who never trains
+# (trials then report heldout/... as a run does). Listed with this file's flags.
+_tree_flags.define('evaluation', flags.FLAGS.find_module_defining_flag('trials'),
+                   only=('heldout_users',))
 
 # Settings a search never takes from the flags: they are the search's own.
 _FIXED_BY_THE_SEARCH = ('validation', 'eval_protocol', 'preset')

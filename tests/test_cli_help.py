@@ -32,7 +32,7 @@ def _absl_entry_points() -> list[str]:
 
 def _defined_flags(path: pathlib.Path) -> set[str]:
     """Names of the absl flags a module defines (`flags.DEFINE_*('name', ...)`,
-    a concern's settings by `_tree_flags.define('concern', ...)`, and
+    a concern's settings by `_tree_flags.define('concern', ..., only=...)`, and
     `--checkpoint` by `_entry.define_checkpoint_flag()`)."""
     names = {'checkpoint'} if 'define_checkpoint_flag()' in path.read_text() else set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -42,7 +42,10 @@ def _defined_flags(path: pathlib.Path) -> set[str]:
         if node.func.attr.startswith('DEFINE_'):
             names.add(node.args[0].value)
         elif node.func.attr == 'define' and getattr(node.func.value, 'id', '') == '_tree_flags':
-            names |= {s.name for s in settings_tree.leaf(node.args[0].value).settings}
+            only = next((ast.literal_eval(k.value) for k in node.keywords if k.arg == 'only'),
+                        None)
+            names |= {s.name for s in settings_tree.leaf(node.args[0].value).settings
+                      if only is None or s.name in only}
     return names
 
 

@@ -119,3 +119,63 @@ def test_no_gap_is_closed_where_the_ceiling_does_not_beat_popularity(studies):
     rows = [line for line in _peers_report.dataset_table(runs, 'lastfm_2k')
             if line.startswith('| ') and 'seeds' not in line]
     assert rows and all(line.split(' | ')[-3] == '—' for line in rows)
+
+
+def test_the_plan_searches_every_method_with_the_same_budget(tmp_path):
+    """The equal-tuning half: one search per method (same trials, rounds and
+    split settings), each method's seeds at its search's preset."""
+    plan = peers_study.peers_plan(datasets=['filmtrust'], seeds=2, root=tmp_path,
+                                  search_trials=7, search_minutes=30)
+    searches = [r for r in plan if isinstance(r, peers_study.Search)]
+    assert {s.method for s in searches} == set(peers_study.SEARCHED)
+    assert {'fedrecgel', 'fedncf', 'pfedrec', 'gpfedrec', 'fedrap'} <= set(peers_study.SEARCHED)
+    flags = {tuple(f for f in s.flags('/data') if not f.startswith('--algorithm'))
+             for s in searches}
+    assert len(flags) == 1  # The same search for every method.
+    assert {'--trials=7', '--noframe', '--heldout_users=0.1', '--max_minutes=30'} <= set(
+        next(iter(flags)))
+    names = [r.name for r in plan]
+    for search in searches:
+        seeded = [r for r in plan if peers_study.search_of(r, plan) is search]
+        assert [r.seed for r in seeded] == [0, 1]
+        assert all(r.preset == str(tmp_path / search.name / 'best_preset.json')
+                   and f'--preset={r.preset}' in r.flags('/data') for r in seeded)
+        assert all(names.index(search.name) < names.index(r.name) for r in seeded)
+    # Searched once its trials are reached and its preset is written.
+    search = searches[0]
+    assert not search.finished(tmp_path)
+    (tmp_path / search.name).mkdir(parents=True)
+    (tmp_path / search.name / 'search.json').write_text('{"done": false}')
+    assert not search.finished(tmp_path)
+    (tmp_path / search.name / 'search.json').write_text('{"done": true}')
+    (tmp_path / search.name / 'best_preset.json').write_text('{}')
+    assert search.finished(tmp_path)
+
+
+def test_a_searched_run_waits_for_its_search(tmp_path):
+    (tmp_path / 'data' / 'filmtrust').mkdir(parents=True)
+    root = tmp_path / 'peers'
+    done = _script('run_study.py', '--plan=peers', f'--datasets_dir={tmp_path / "data"}',
+                   f'--root_output_dir={root}', '--datasets=filmtrust',
+                   '--only=searched_pfedrec_seed0', '--noskip_reported')
+    assert done.returncode == 0, done.stderr
+    assert 'searched_pfedrec_seed0: waiting: its search has not reached its trials' in done.stdout
+    assert not list(root.rglob('*.log'))  # Nothing ran.
+
+
+def test_the_report_compares_the_searched_methods(studies):
+    peers, recipe_csv, _ = studies
+    for seed in range(2):
+        _fake_recipe_run(peers, f'lastfm_2k/searched_fedrecgel_seed{seed}', method='fedrecgel',
+                         seed=seed, hr=0.8, full_hr=0.31)
+        _fake_recipe_run(peers, f'lastfm_2k/searched_pfedrec_seed{seed}', method='pfedrec',
+                         seed=seed, hr=0.8, full_hr=0.30 - 0.02 * seed)
+    runs = _peers_report.combine(study.collect_recipe(peers), pd.read_csv(recipe_csv))
+    table = _peers_report.dataset_table(runs, 'lastfm_2k')
+    assert any(line.startswith('| PFedRec, searched (equal tuning) |') for line in table)
+    lines = _peers_report.paired_lines(runs)
+    start = next(i for i, line in enumerate(lines) if line.startswith('### At equal tuning'))
+    paired = [line for line in lines[start:] if line.startswith('| LastFM-2K |')]
+    # +1 and +3 points: mean 2, standard error 1.
+    assert paired == [next(line for line in paired if '| PFedRec |' in line)]
+    assert '| +2.00 ± 1.00 |' in paired[0] and paired[0].endswith('| 2 |')

@@ -218,7 +218,7 @@ def test_runner_counts_the_runs_its_report_holds_as_done(tmp_path):
     (tmp_path / 'docs').mkdir()
     (tmp_path / 'docs' / 'peers_runs.csv').write_text(
         'name,seed\nfilmtrust/peer_pfedrec_seed0,0\n')
-    total = len(peers_study.peers_plan(datasets=['filmtrust']))
+    total = len(peers_study.peers_plan(datasets=['filmtrust'], root=tmp_path / 'runs'))
     args = ('--plan=peers', '--datasets=filmtrust', f'--root_output_dir={tmp_path / "runs"}',
             '--list')
     done = _script('run_study.py', *args, cwd=tmp_path)

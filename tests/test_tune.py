@@ -157,6 +157,9 @@ def test_api_tune_runs_the_same_search(tmp_path):
     assert popularity[4] == f'{floor["selections"]["valid_full"]["test_full/hr@10"]:.4f}'
     preset = json.loads((tmp_path / 'search' / tuning.BEST_PRESET).read_text())
     assert set(preset['settings']) == {'total_rounds', 'server_lr'}
+    # What a study runner waits on: the search reached its trials.
+    assert json.loads((tmp_path / 'search' / tuning.PROGRESS).read_text()) == {
+        'trials': 1, 'finished_trials': 1, 'done': True, 'best_trial': 0}
     # The one trial is the auto recipe's.
     split = api.prepare_data('synthetic', validation=True, num_users=80, num_items=400)
     auto = recipes.auto_recipe(recipes.DataProfile.of(split))

@@ -53,6 +53,8 @@ from tff_fedrecgel.evaluation import protocols
 STUDY_FILE = 'study.db'
 STUDY_NAME = 'tune'
 BEST_PRESET = 'best_preset.json'
+# Whether the search reached its trials (a study runner waits on it).
+PROGRESS = 'search.json'
 DEFAULT_OBJECTIVE = 'valid_full/ndcg@10'
 
 
@@ -382,7 +384,10 @@ def _write_best(study: optuna.Study, config: TuneConfig, root: pathlib.Path,
         record['trials_per_hour'] = round(3600 * len(walls) / sum(walls), 1)
     if overheads:  # A trial's wall time beyond its rounds: start-up, tracing, evaluation.
         record['mean_overhead_seconds'] = round(sum(overheads) / len(overheads), 1)
+    progress = {'trials': config.trials, 'finished_trials': record['finished_trials'],
+                'done': record['finished_trials'] >= config.trials}
     if not completed:
+        _write_json(root / PROGRESS, progress)
         return record
     best = max(completed, key=lambda t: t.value)
     settings = {**{k: v for k, v in config.base.items()
@@ -391,9 +396,14 @@ def _write_best(study: optuna.Study, config: TuneConfig, root: pathlib.Path,
               'trial': best.number, 'task': config.task, 'algorithm': config.algorithm,
               'run_dir': str(root / 'trials' / f'trial_{best.number:03d}')}
     path = root / BEST_PRESET
-    tmp = path.with_suffix('.json.tmp')
-    tmp.write_text(json.dumps(preset, indent=2) + '\n')
-    os.replace(tmp, path)
+    _write_json(path, preset)
+    _write_json(root / PROGRESS, {**progress, 'best_trial': best.number})
     record.update(best_trial=best.number, best_value=best.value, best_settings=settings,
                   preset_file=str(path), best_run_dir=preset['run_dir'])
     return record
+
+
+def _write_json(path: pathlib.Path, value: Any) -> None:
+    tmp = path.with_suffix('.json.tmp')
+    tmp.write_text(json.dumps(value, indent=2) + '\n')
+    os.replace(tmp, path)  # Whole or not at all.
