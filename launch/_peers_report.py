@@ -147,7 +147,7 @@ def _searched_lines(runs: pd.DataFrame) -> list[str]:
     paired by seed (none until a pair has run)."""
     head = '| ' + ' | '.join(h for _, _, h in PAIRED) + ' | seeds |'
     lines = ['### At equal tuning: FedRecGEL minus each method, each searched with '
-             f'the same budget, paired by seed (points, mean ± standard error)', '',
+             'the same budget, paired by seed (points, mean ± standard error)', '',
              '| dataset | method ' + head, '|---|---|' + '---|' * (len(PAIRED) + 1)]
     for dataset in study.DATASETS:
         base = _rows(runs, dataset, 'searched', 'fedrecgel').set_index('seed')
