@@ -138,6 +138,22 @@ def test_a_new_search_starts_from_the_auto_recipe():
         'server_lr': auto['server_lr'], 'rho_sh': api.settings('synthetic').rho_sh}
 
 
+def test_a_radius_of_zero_starts_the_log_search_at_its_low_end():
+    """FilmTrust's global radius is 0, which a log-scale search cannot ask:
+    the first trial takes the range's low end, the other values as they are."""
+    import optuna
+    from tff_fedrecgel import api
+
+    split = api.prepare_data('synthetic', validation=True, num_users=80, num_items=400)
+    assert api.settings('filmtrust').rho_sh == 0.0
+    config = tuning.TuneConfig.create('filmtrust', fixed={'total_rounds': 2})
+    first = tuning.auto_trial(config, split)
+    low = next(d.low for d in tuning.SEARCH_SPACE if d.name == 'rho_sh')
+    assert first["rho_sh"] == low and first['rho_ns'] == api.settings('filmtrust').rho_ns
+    trial = optuna.trial.FixedTrial(first)  # What the study's first trial asks.
+    assert tuning.suggest_settings(trial, config.space, 'fedrecgel') == first
+
+
 def test_api_tune_runs_the_same_search(tmp_path):
     from tff_fedrecgel import api
     from tff_fedrecgel import recipes

@@ -90,6 +90,13 @@ class Dimension:
             return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
         return trial.suggest_float(self.name, self.low, self.high, log=self.log)
 
+    def nearest(self, value: Any) -> Any:
+        """`value` if the dimension can take it, else the nearest end of its
+        range (a radius of 0 under a log-scale search starts at its low end)."""
+        if self.choices is not None or value is None:
+            return value
+        return type(value)(min(max(value, self.low), self.high))
+
 
 def _dimension(setting: settings_tree.Setting) -> Dimension:
     """A setting's default search (`settings_tree.Search`) as a dimension."""
@@ -246,7 +253,9 @@ def auto_trial(config: TuneConfig, split: Split) -> dict[str, Any]:
       Values by dimension name, only those the method takes (what
       `suggest_settings` would ask): the central ceiling's search starts
       from `auto`'s training negatives, so the frame's two searches start
-      alike. Empty if the settings are refused.
+      alike. A value outside a dimension's range is its nearest end
+      (FilmTrust's global radius 0 under the log-scale radius search).
+      Empty if the settings are refused.
     """
     try:
         auto = run_settings.settings(
@@ -255,7 +264,8 @@ def auto_trial(config: TuneConfig, split: Split) -> dict[str, Any]:
     except (DataError, ValueError):
         return {}
     return suggest_settings(optuna.trial.FixedTrial(
-        {d.name: getattr(auto, d.name) for d in config.space}), config.space, config.algorithm)
+        {d.name: d.nearest(getattr(auto, d.name)) for d in config.space}), config.space,
+        config.algorithm)
 
 
 def _open_study(root: pathlib.Path, seed: int) -> optuna.Study:
