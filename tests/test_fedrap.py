@@ -165,8 +165,8 @@ def test_rounds_and_the_stored_d_match_a_dense_reference(grouped):
             assert algorithm.b[u] == pytest.approx(b[u], abs=2e-5)
         assert np.isfinite(metrics['loss'])
     # Storage is sparse: user 3 never trained, user 1 only on its own items.
-    assert len(algorithm._items[3]) == 0 and algorithm.scale[3] == 1.0  # pylint: disable=protected-access
-    assert 0 < len(algorithm._items[1]) < NUM_ITEMS and algorithm.scale[1] < 1.0  # pylint: disable=protected-access
+    assert len(algorithm.resid.items[3]) == 0 and algorithm.scale[3] == 1.0
+    assert 0 < len(algorithm.resid.items[1]) < NUM_ITEMS and algorithm.scale[1] < 1.0
     assert stopped  # The early stop is exercised.
 
 
@@ -194,7 +194,7 @@ def test_a_new_user_is_served_after_one_local_round_from_c():
                                      data, 0, CONFIG, algorithm.round_num)
     np.testing.assert_allclose(scores[0], (server + dd) @ w + b, atol=1e-4)
     np.testing.assert_array_equal(algorithm.global_weights[0], server)  # Nothing uploaded.
-    assert len(algorithm._items[3]) == 0  # pylint: disable=protected-access
+    assert len(algorithm.resid.items[3]) == 0
     trained = algorithm.score_items([0], None)[0]
     np.testing.assert_allclose(trained, (server + algorithm.dense_personal(0)) @ algorithm.w[0]
                                + algorithm.b[0], atol=1e-4)
@@ -226,8 +226,8 @@ def test_only_the_c_update_leaves_the_device():
 
 def test_registry_and_refused_settings():
     method = methods.get_method('fedrap')
-    assert method.takes == frozenset({'num_negatives'})
-    assert not (method.private or method.exports or method.tunable)
+    assert method.takes == frozenset({'num_negatives', 'lr_scale'})
+    assert method.tunable and not (method.private or method.exports)
     for name, value in (('local_lr', 0.2), ('local_epochs', 2), ('server_lr', 0.1)):
         with pytest.raises(ValueError, match=f'fedrap does not take {name}'):
             run_settings.settings('synthetic', algorithm='fedrap', **{name: value})

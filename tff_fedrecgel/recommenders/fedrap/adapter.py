@@ -27,54 +27,33 @@ from tff_fedrecgel.algorithms import personal_batches
 from tff_fedrecgel.data import batching
 from tff_fedrecgel.data.client_data import Batch
 from tff_fedrecgel.recommenders.fedrap import computation as fedrap
+from tff_fedrecgel.simulation import own_model
 
-# Salt of a user's shuffling stream, apart from the driver's batch draws.
-_ORDER_SALT = 0xFA4A
-
-
-class FedRAP:
+class FedRAP(own_model.OwnModelAlgorithm):
     """FedRAP over a population (an `Algorithm` of the driver)."""
 
-    def __init__(self, *, model_config, num_users: int, seed: int = 0,
-                 config: fedrap.FedRAPConfig = fedrap.DEFAULT_CONFIG,
-                 reconstruction=None, grouped: bool = True,
-                 max_group_examples: int = batching.DEFAULT_MAX_GROUP_EXAMPLES):
+    order_salt = 0xFA4A
+
+    def __init__(self, *, config: fedrap.FedRAPConfig = fedrap.DEFAULT_CONFIG, **kwargs):
         """Builds the TFF process.
 
         Args:
-          model_config: Only `num_items` is used (the driver checks it).
-          num_users: Users of the split (every one gets a device state).
-          seed: Seed of the initial weights and the local shuffling.
           config: The client work's settings.
-          reconstruction: Kept for the driver's protocol (unused: new users
-            run a local round instead).
-          grouped: Simulate several users per TFF client.
-          max_group_examples: With `grouped`, example slots per TFF client
-            stay under this unless one user alone exceeds it.
+          **kwargs: `own_model.OwnModelAlgorithm`'s (`max_group_examples`
+            counts example slots).
 
         Raises:
           ValueError: On inconsistent settings.
         """
-        if max_group_examples < 1:
-            raise ValueError('max_group_examples must be positive')
-        self.model_config = model_config
-        self.reconstruction = reconstruction
-        self.item_scores = None
-        self.config = config
-        self.num_items = model_config.num_items
-        self.num_users = int(num_users)
-        self.seed = int(seed)
-        self.grouped = grouped
-        self.max_group_examples = max_group_examples
+        super().__init__(config=config, **kwargs)
         self.process = fedrap.build_fedrap_process(num_items=self.num_items, config=config,
-                                                   seed=seed)
+                                                   seed=self.seed)
         self._update = fedrap.make_client_update(self.num_items, config)
-        _, self.d0, self._w0, self._b0 = fedrap.initial_weights(self.num_items, config, seed)
+        _, self.d0, self._w0, self._b0 = fedrap.initial_weights(self.num_items, config,
+                                                                  self.seed)
         self.state = None
         self.w = self.b = self.scale = None
-        self._items: list[np.ndarray] = []
-        self._resid: list[np.ndarray] = []
-        self._new_users = {}
+        self.resid = own_model.UserRows(0, config.latent_dim)
 
     def initialize(self) -> None:
         self.state = self.process.initialize()
@@ -82,8 +61,7 @@ class FedRAP:
         self.w = np.tile(self._w0, (self.num_users, 1))
         self.b = np.full(self.num_users, self._b0, np.float32)
         self.scale = np.ones(self.num_users, np.float32)
-        self._items = [np.zeros(0, np.int32)] * self.num_users
-        self._resid = [np.zeros((0, d), np.float32)] * self.num_users
+        self.resid = own_model.UserRows(self.num_users, d)
         self._new_users = {}
 
     @property
@@ -97,7 +75,7 @@ class FedRAP:
             width = max(1, min(self.config.batch_size, max(len(batches[i][0]) for i in g)))
             orders = [personal_batches.epoch_orders(
                 len(batches[i][0]), epochs, width,
-                np.random.default_rng([self.seed, round_num, int(users[i]), _ORDER_SALT]))
+                np.random.default_rng([self.seed, round_num, int(users[i]), self.order_salt]))
                 for i in g]
             out.append((g, fedrap.pack_groups([batches[i] for i in g], orders, width, epochs)))
         return out
@@ -116,12 +94,12 @@ class FedRAP:
         """D_u's rows at the group's items, `[G, L, d]`."""
         rows = self.scale[users][:, None, None] * self.d0[data.local_ids]
         for i, u in enumerate(users):
-            items = self._items[u]
+            items = self.resid.items[u]
             if len(items):
                 ids = data.local_ids[i]
                 pos = np.minimum(np.searchsorted(items, ids), len(items) - 1)
                 hit = (items[pos] == ids) & (data.local_mask[i] > 0)
-                rows[i, hit] += self._resid[u][pos[hit]]
+                rows[i, hit] += self.resid.rows[u][pos[hit]]
         return rows
 
     def _keep(self, users: np.ndarray, data: fedrap.ClientData, new) -> None:
@@ -135,12 +113,12 @@ class FedRAP:
             n = int(data.local_mask[i].sum())
             ids = data.local_ids[i, :n]
             trained = rows[i, :n] - new_scale[i] * self.d0[ids]
-            old_items, old = self._items[u], self._resid[u] * factor[i]
+            old_items, old = self.resid.items[u], self.resid.rows[u] * factor[i]
             keep = ~np.isin(old_items, ids)
             items = np.concatenate([old_items[keep], ids])
             order = np.argsort(items, kind='stable')
-            self._items[u] = items[order].astype(np.int32)
-            self._resid[u] = np.concatenate([old[keep], trained])[order]
+            self.resid.items[u] = items[order].astype(np.int32)
+            self.resid.rows[u] = np.concatenate([old[keep], trained])[order]
         self.scale[users] = new_scale
 
     def _users_struct(self, users: np.ndarray, data: fedrap.ClientData):
@@ -165,25 +143,10 @@ class FedRAP:
     def global_weights(self) -> list[np.ndarray]:
         return [np.asarray(self.state['item_table'])]
 
-    def local_tables(self) -> None:
-        return None  # Users keep score functions and additive item tables, not embeddings.
-
-    def projector_tables(self) -> dict[str, np.ndarray]:
-        """The item tables TensorBoard's projector shows."""
-        return {'item': self.global_weights[0]}
-
-    def _csr(self, users: Sequence[int]):
-        items = [self._items[u] for u in users]
-        indptr = np.concatenate([[0], np.cumsum([len(i) for i in items])]).astype(np.int64)
-        d = self.config.latent_dim
-        return (indptr, np.concatenate(items) if items else np.zeros(0, np.int32),
-                np.concatenate([self._resid[u] for u in users]) if items
-                else np.zeros((0, d), np.float32))
-
     def dense_personal(self, user: int) -> np.ndarray:
         """User `user`'s whole D_u, `[num_items, d]` (for checks)."""
         table = self.scale[user] * self.d0
-        table[self._items[user]] += self._resid[user]
+        table[self.resid.items[user]] += self.resid.rows[user]
         return table
 
     def fit_new_users(self, users: Sequence[int], batches: Sequence[Batch]):
@@ -219,42 +182,24 @@ class FedRAP:
                                  (indptr, items, resid))}
         return self._new_users[key]
 
-    def score_items(self, users: Sequence[int], batches: Sequence[Batch] | None) -> np.ndarray:
-        """Every item's score for `users` (the driver's per-user scoring).
+    def stored_models(self, users: np.ndarray):
+        return self.w[users], self.b[users], self.scale[users], self.resid.csr(users)
 
-        Args:
-          users: User indices.
-          batches: None for training users (their stored models); for users
-            that never trained, their batches (`fit_new_users`).
-
-        Returns:
-          float32 `[len(users), num_items]`.
-        """
-        users = np.asarray(users, np.int64)
-        if batches is None:
-            w, b, scale, csr = self.w[users], self.b[users], self.scale[users], self._csr(users)
-        else:
-            w, b, scale, csr = self.fit_new_users(users, batches)
-        return fedrap.user_scores(self.global_weights[0], self.d0, w, b, scale, csr)
+    def scores(self, models) -> np.ndarray:
+        return fedrap.user_scores(self.global_weights[0], self.d0, *models)
 
     def get_state(self) -> collections.OrderedDict:
-        indptr, items, rows = self._csr(range(self.num_users))
+        indptr, items, rows = self.resid.csr(range(self.num_users))
         return collections.OrderedDict(
-            server=[np.asarray(x) for x in tf.nest.flatten(self.state)],
-            w=self.w.copy(), b=self.b.copy(), scale=self.scale.copy(), resid_indptr=indptr,
-            resid_items=np.asarray(items, np.int32), resid_rows=np.asarray(rows, np.float32))
+            server=own_model.server_arrays(self.state), w=self.w.copy(), b=self.b.copy(),
+            scale=self.scale.copy(), resid_indptr=indptr, resid_items=items, resid_rows=rows)
 
     def restore(self, state) -> None:
-        self.state = tf.nest.pack_sequence_as(self.process.initialize(),
-                                              [np.asarray(x) for x in state['server']])
+        self.state = own_model.server_state(self.process, state['server'])
         self.w = np.array(state['w'], np.float32)
         self.b = np.array(state['b'], np.float32)
         self.scale = np.array(state['scale'], np.float32)
-        indptr = np.asarray(state['resid_indptr'], np.int64)
-        items = np.asarray(state['resid_items'], np.int32)
-        rows = np.asarray(state['resid_rows'], np.float32).reshape(-1, self.config.latent_dim)
-        self._items = [items[indptr[u]:indptr[u + 1]] for u in range(self.num_users)]
-        self._resid = [rows[indptr[u]:indptr[u + 1]] for u in range(self.num_users)]
+        self.resid.restore(state['resid_indptr'], state['resid_items'], state['resid_rows'])
         self._new_users = {}
 
 
@@ -271,8 +216,4 @@ def build(method, context) -> FedRAP:
     scale, authors = context.work.lr_scale, fedrap.DEFAULT_CONFIG
     config = dataclasses.replace(authors, score_lr=authors.score_lr * scale,
                                  item_lr=authors.item_lr * scale)
-    return FedRAP(
-        model_config=context.model_config, num_users=context.split.num_users,
-        seed=context.seed, reconstruction=context.work, config=config,
-        grouped=context.users_per_client != 1,
-        max_group_examples=context.max_group_examples)
+    return FedRAP(config=config, **own_model.build_kwargs(context))

@@ -28,13 +28,11 @@ import numpy as np
 import tensorflow as tf
 
 from tff_fedrecgel.algorithms import personal_batches
-from tff_fedrecgel.data import batching
 from tff_fedrecgel.data.client_data import Batch
 from tff_fedrecgel.errors import SettingError
 from tff_fedrecgel.recommenders.gpfedrec import computation as gpfedrec
+from tff_fedrecgel.simulation import own_model
 
-# Salt of a user's shuffling stream, apart from the driver's batch draws.
-_ORDER_SALT = 0x6FED
 # The share of this machine's memory the two per-user tables may take.
 _MEMORY_SHARE = 0.6
 # Bytes of the score MLP's widest activation while scoring.
@@ -67,49 +65,33 @@ def _physical_memory() -> int:
         return 0
 
 
-class GPFedRec:
+class GPFedRec(own_model.OwnModelAlgorithm):
     """GPFedRec over a population (an `Algorithm` of the driver)."""
 
-    def __init__(self, *, model_config, num_users: int, seed: int = 0,
-                 config: gpfedrec.GPFedRecConfig = gpfedrec.DEFAULT_CONFIG,
-                 reconstruction=None, grouped: bool = True,
-                 max_group_examples: int = batching.DEFAULT_MAX_GROUP_EXAMPLES):
+    order_salt = 0x6FED
+
+    def __init__(self, *, config: gpfedrec.GPFedRecConfig = gpfedrec.DEFAULT_CONFIG,
+                 **kwargs):
         """Builds the TFF computation.
 
         Args:
-          model_config: Only `num_items` is used.
-          num_users: Users of the split.
-          seed: Seed of the initial weights and the local shuffling.
           config: The round's settings.
-          reconstruction: Kept for the driver's protocol (unused).
-          grouped: Simulate several users per TFF client.
-          max_group_examples: With `grouped`, examples per TFF client stay
-            under this unless one user alone exceeds it.
+          **kwargs: `own_model.OwnModelAlgorithm`'s.
 
         Raises:
           SettingError: If the per-user tables do not fit this machine.
           ValueError: On inconsistent settings.
         """
-        if max_group_examples < 1:
-            raise ValueError('max_group_examples must be positive')
-        _check_memory(num_users, model_config.num_items, config.latent_dim)
-        self.model_config = model_config
-        self.reconstruction = reconstruction
-        self.item_scores = None
-        self.config = config
-        self.num_items = model_config.num_items
-        self.num_users = int(num_users)
-        self.seed = int(seed)
-        self.grouped = grouped
-        self.max_group_examples = max_group_examples
+        super().__init__(config=config, **kwargs)
+        _check_memory(self.num_users, self.num_items, config.latent_dim)
         self.process = gpfedrec.build_client_process(num_items=self.num_items, config=config)
         self._update = gpfedrec.make_client_update(self.num_items, config)
-        self._table0, self._local0 = gpfedrec.initial_weights(self.num_items, config, seed)
+        self._table0, self._local0 = gpfedrec.initial_weights(self.num_items, config,
+                                                              self.seed)
         self.round_num = 0
         self.table = self.tables = self.local = None
         self.graph_users = np.zeros(0, np.int64)  # The last round's users...
         self.propagation = np.zeros((0, 0), np.float32)  # ...and A^mp_layers.
-        self._new_users = {}
 
     def initialize(self) -> None:
         self.round_num = 0
@@ -122,11 +104,6 @@ class GPFedRec:
             (k, np.tile(np.asarray(v)[None], (self.num_users,) + (1,) * np.ndim(v)))
             for k, v in self._local0.items())
         self._new_users = {}
-
-    def _client_data(self, users, batches, round_num: int):
-        return personal_batches.client_groups(
-            users, batches, self.config, seed=self.seed, round_num=round_num,
-            salt=_ORDER_SALT, grouped=self.grouped, max_group_examples=self.max_group_examples)
 
     def _targets(self, users: np.ndarray):
         """The round's target tables: `T = A^mp_layers P` for the last round's
@@ -194,13 +171,6 @@ class GPFedRec:
     def global_weights(self) -> list[np.ndarray]:
         return [self.table]
 
-    def local_tables(self) -> None:
-        return None  # Users score with their own models.
-
-    def projector_tables(self) -> dict[str, np.ndarray]:
-        """The item tables TensorBoard's projector shows."""
-        return {'item': self.table}
-
     def fit_new_users(self, users: Sequence[int], batches: Sequence[Batch]):
         """New users' models: one local round from the initial device state,
         on the current global table with it as the target (nothing is
@@ -212,8 +182,7 @@ class GPFedRec:
         key = (self.round_num, tuple(int(u) for u in users))
         if key in self._new_users:
             return self._new_users[key]
-        orders = personal_batches.user_orders(users, batches, self.config, seed=self.seed,
-                                              round_num=0, salt=_ORDER_SALT)
+        orders = self._new_user_orders(users, batches)
         data = personal_batches.pack_groups(batches, orders, self.config.batch_size)
         n = len(users)
         rows0 = tf.gather(self.table, data.local_ids)
@@ -230,29 +199,21 @@ class GPFedRec:
         self._new_users = {key: ({k: v.numpy() for k, v in out['locals'].items()}, tables)}
         return self._new_users[key]
 
-    def score_items(self, users: Sequence[int], batches: Sequence[Batch] | None) -> np.ndarray:
-        """Every item's logit for `users` under their own models.
+    def stored_models(self, users: np.ndarray):
+        return {k: v[users] for k, v in self.local.items()}, self.tables, users
 
-        Args:
-          users: User indices.
-          batches: None for training users; for users that never trained,
-            their batches (`fit_new_users`).
+    def new_models(self, users: np.ndarray, batches: Sequence[Batch]):
+        local, tables = self.fit_new_users(users, batches)
+        return local, tables, np.arange(len(users))
 
-        Returns:
-          float32 `[len(users), num_items]`.
-        """
-        users = np.asarray(users, np.int64)
-        if batches is None:
-            local = {k: v[users] for k, v in self.local.items()}
-            tables = self.tables
-            index = users
-        else:
-            local, tables = self.fit_new_users(users, batches)
-            index = np.arange(len(users))
+    def scores(self, models) -> np.ndarray:
+        """Logits under `(MLPs and user embeddings, tables, each user's row
+        of the tables)`."""
+        local, tables, index = models
         # A few users at a time: the MLP's activations are users x items x width.
         step = max(1, _SCORE_BYTES // (4 * self.num_items * max(self.config.layers)))
-        out = np.empty((len(users), self.num_items), np.float32)
-        for start in range(0, len(users), step):
+        out = np.empty((len(index), self.num_items), np.float32)
+        for start in range(0, len(index), step):
             part = slice(start, start + step)
             out[part] = gpfedrec.logits(
                 {k: tf.constant(v[part]) for k, v in local.items()},
@@ -293,11 +254,7 @@ def build(method, context) -> GPFedRec:
     """
     del method
     fraction = min(1.0, context.clients_per_round / max(1, len(context.training_users)))
-    return GPFedRec(
-        model_config=context.model_config, num_users=context.split.num_users,
-        seed=context.seed, reconstruction=context.work,
-        config=gpfedrec.GPFedRecConfig(
-            local_epochs=context.work.local_epochs, client_fraction=fraction,
-            lr=gpfedrec.DEFAULT_CONFIG.lr * context.work.lr_scale),
-        grouped=context.users_per_client != 1,
-        max_group_examples=context.max_group_examples)
+    return GPFedRec(config=gpfedrec.GPFedRecConfig(
+        local_epochs=context.work.local_epochs, client_fraction=fraction,
+        lr=gpfedrec.DEFAULT_CONFIG.lr * context.work.lr_scale),
+        **own_model.build_kwargs(context))
