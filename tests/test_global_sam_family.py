@@ -242,7 +242,7 @@ def test_registry_lines_and_refusals():
     for name, mode, rho in (('fedlesam', 'global_change', 0.1), ('fedgloss', 'server', 0.15)):
         method = methods.get_method(name)
         assert method.refused(methods.TRAINING_SETTINGS) == ['update', 'sharpness_probe',
-                                                             'workers']
+                                                             'workers', 'lr_scale']
         work = run_settings.settings('filmtrust', algorithm=name, preset='paper').client_work()
         assert (work.global_perturbation, work.rho_sh, work.rho_ns, work.update) == (
             mode, rho, 0.0, 'model_delta')
