@@ -92,7 +92,9 @@ class Search:
             progress = json.loads((root / self.name / _PROGRESS).read_text())
         except (OSError, ValueError):
             return False
-        return bool(progress.get('done')) and self.preset_path(root).exists()
+        # Its own trials, not the search.json's: a larger budget resumes it.
+        return (progress.get('finished_trials', 0) >= self.trials
+                and self.preset_path(root).exists())
 
 
 def settings_source(method: str) -> str:

@@ -1,6 +1,7 @@
 """The peers study's plan and report: every method beside the floor, the
 ceiling and FedRecGEL on the same splits, paired by seed."""
 
+import dataclasses
 import shutil
 
 import pandas as pd
@@ -145,11 +146,13 @@ def test_the_plan_searches_every_method_with_the_same_budget(tmp_path):
     search = searches[0]
     assert not search.finished(tmp_path)
     (tmp_path / search.name).mkdir(parents=True)
-    (tmp_path / search.name / 'search.json').write_text('{"done": false}')
-    assert not search.finished(tmp_path)
-    (tmp_path / search.name / 'search.json').write_text('{"done": true}')
+    (tmp_path / search.name / 'search.json').write_text('{"finished_trials": 6}')
     (tmp_path / search.name / 'best_preset.json').write_text('{}')
+    assert not search.finished(tmp_path)
+    (tmp_path / search.name / 'search.json').write_text('{"finished_trials": 7}')
     assert search.finished(tmp_path)
+    # A larger budget than the search.json's is not finished.
+    assert not dataclasses.replace(search, trials=8).finished(tmp_path)
 
 
 def test_a_searched_run_waits_for_its_search(tmp_path):
