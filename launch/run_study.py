@@ -110,16 +110,16 @@ def _plan(datasets_dir: pathlib.Path | None) -> list[study.Run]:
                             'dataset\'s profile')
         profiles = {d.key: transfer_study.profile_of(d, datasets_dir)
                     for d in transfer_study.DATASETS}
-        return _only(transfer_study.transfer_plan(profiles))
+        return transfer_study.transfer_plan(profiles)
     for name in _DATASETS.value:
         if name not in study.DATASETS:
             raise DataError(f'unknown dataset {name!r}; choose from {", ".join(study.DATASETS)}')
     if _PLAN.value == 'peers':
         searched = _PEER_SEARCH_TRIALS.value > 0
-        return _only(peers_study.peers_plan(
+        return peers_study.peers_plan(
             datasets=_DATASETS.value, seeds=_PEER_SEEDS.value,
             root=pathlib.Path(_ROOT.value).resolve() if searched else None,
-            search_trials=_PEER_SEARCH_TRIALS.value, search_minutes=_PEER_SEARCH_MINUTES.value))
+            search_trials=_PEER_SEARCH_TRIALS.value, search_minutes=_PEER_SEARCH_MINUTES.value)
     for name in _METHODS.value:
         if name not in study.METHODS:
             raise DataError(f'unknown method {name!r}; choose from {", ".join(study.METHODS)}')
@@ -131,7 +131,7 @@ def _plan(datasets_dir: pathlib.Path | None) -> list[study.Run]:
                    'amazon_video': _OTHER_SEEDS.value},
             sweep_seeds=_SWEEP_SEEDS.value, methods=_METHODS.value,
             datasets=_DATASETS.value)
-    return _only(runs)
+    return runs
 
 
 def _only(runs: list[study.Run]) -> list[study.Run]:
@@ -210,9 +210,7 @@ def _run_one(run: study.Run, root: pathlib.Path, datasets_dir: pathlib.Path,
     folder, experiment = run.name.split('/', 1)  # Folder: the dataset's key.
     out_dir = root / folder
     out_dir.mkdir(parents=True, exist_ok=True)
-    preset = getattr(run, 'preset', '')
-    if (search is not None and not search.finished(root)) or (
-            preset.endswith('.json') and not os.path.exists(preset)):
+    if search is not None and not search.finished(root):
         return run, _WAITING, 0.0
     output = ([f'--root_output_dir={out_dir / experiment}']
               if isinstance(run, peers_study.Search) else
@@ -241,13 +239,16 @@ def main(argv: list[str]) -> int:
     root = pathlib.Path(_ROOT.value)
     datasets_dir = (pathlib.Path(_DATASETS_DIR.value).resolve()
                     if _DATASETS_DIR.value else None)
-    runs = _plan(datasets_dir)
+    # The whole plan, so that a searched run waits on its search even when
+    # --only leaves the search out.
+    plan = _plan(datasets_dir)
+    runs = _only(plan)
     reported = (_report.reported_runs(pathlib.Path(_report.LEDGERS[_PLAN.value]))
                 if _SKIP_REPORTED.value else set())
     # A search is needed while a run at its preset is: a fresh checkout whose
     # report holds every such run searches nothing again.
     reported |= {run.name for run in runs if isinstance(run, peers_study.Search)
-                 and all(r.name in reported for r in runs
+                 and all(r.name in reported for r in plan
                          if peers_study.search_of(r, [run]) is run)}
     todo = [run for run in runs
             if not _finished(root, run) and run.name not in reported]
@@ -279,7 +280,7 @@ def main(argv: list[str]) -> int:
     pool = concurrent.futures.ThreadPoolExecutor(_PARALLEL.value)
     try:
         futures = [pool.submit(_run_one, run, root, datasets_dir, children,
-                               peers_study.search_of(run, runs)) for run in todo]
+                               peers_study.search_of(run, plan)) for run in todo]
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
             run, code, seconds = future.result()
             if code is None:

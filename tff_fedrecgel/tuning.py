@@ -49,6 +49,7 @@ from tff_fedrecgel import settings_tree
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.errors import DataError
 from tff_fedrecgel.evaluation import protocols
+from tff_fedrecgel.program import outputs
 
 STUDY_FILE = 'study.db'
 STUDY_NAME = 'tune'
@@ -414,6 +415,4 @@ def _write_best(study: optuna.Study, config: TuneConfig, root: pathlib.Path,
 
 
 def _write_json(path: pathlib.Path, value: Any) -> None:
-    tmp = path.with_suffix('.json.tmp')
-    tmp.write_text(json.dumps(value, indent=2) + '\n')
-    os.replace(tmp, path)  # Whole or not at all.
+    outputs.write_atomically(path, json.dumps(value, indent=2) + '\n')
