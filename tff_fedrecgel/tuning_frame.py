@@ -102,7 +102,8 @@ def table_lines(search: Mapping[str, Any], frame: Mapping[str, Any]) -> list[str
 
     Returns:
       The table's lines: test HR@10 and NDCG@10 at the round chosen on the
-      validation item, per protocol, and the gap closed on HR@10.
+      validation item, per protocol, and the gap closed on HR@10; then, if
+      no central trial ran to its end, a line saying there is no ceiling.
     """
     ceiling = frame['ceiling']
     rows = [_Row('popularity', _selections(frame['floor']))]
@@ -128,4 +129,11 @@ def table_lines(search: Mapping[str, Any], frame: Mapping[str, Any]) -> list[str
                    else (hr - low) / (high - low))
             cells.append('—' if gap is None else f'{gap:.2f}')
         lines.append('| ' + ' | '.join(cells) + ' |')
+    if 'best_run_dir' not in ceiling:
+        # Every central trial stopped early (often on the wall clock: an
+        # epoch of a large log is slow), so there is no ceiling to close to.
+        lines.append(f'no ceiling: none of the central model\'s '
+                     f'{ceiling.get("finished_trials", 0)} trials ran to its end; the '
+                     'same command with a larger --trial_minutes or --max_minutes '
+                     'resumes its search')
     return lines
