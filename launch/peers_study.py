@@ -59,8 +59,9 @@ class Search:
       trials: Finished trials it reaches (resumed across calls).
       heldout_users: `--heldout_users` of its trials (the plan's).
       rounds_per_full_eval: Its trials' full-ranking evaluations.
-      max_minutes: Wall-clock limit of one call (None: none); the next
-        call resumes.
+      max_minutes: Wall-clock limit of one call (None: none), enforced by
+        the runner stopping the call, so that no trial is cut on the wall
+        clock and counted; the next call resumes.
     """
 
     name: str
@@ -79,8 +80,7 @@ class Search:
         return [f'--task={self.dataset}', *data, f'--algorithm={self.method}',
                 f'--seed={self.seed}', f'--trials={self.trials}', '--noframe',
                 f'--heldout_users={self.heldout_users:g}',
-                f'--rounds_per_full_eval={self.rounds_per_full_eval}',
-                *([f'--max_minutes={self.max_minutes:g}'] if self.max_minutes else [])]
+                f'--rounds_per_full_eval={self.rounds_per_full_eval}']
 
     def preset_path(self, root: pathlib.Path) -> pathlib.Path:
         """Where its best settings are written."""

@@ -77,8 +77,9 @@ _PEER_SEARCH_TRIALS = flags.DEFINE_integer(
     'Peers plan: finished trials of each method\'s search (the equal tuning budget); 0 '
     'leaves the equal-tuning half out.', lower_bound=0)
 _PEER_SEARCH_MINUTES = flags.DEFINE_float(
-    'peer_search_minutes', None, 'Peers plan: wall-clock limit of one call of a search '
-    '(the next call of the study resumes it).', lower_bound=0)
+    'peer_search_minutes', None, 'Peers plan: wall-clock limit of one call of a search; '
+    'then it is stopped as a stopped study stops it (the trial it cuts runs again when '
+    'the next call of the study resumes the search).', lower_bound=0)
 _LIST = flags.DEFINE_bool('list', False, 'Print the plan and exit.')
 _SKIP_REPORTED = flags.DEFINE_bool(
     'skip_reported', True, 'Count the runs of the plan\'s report rows (docs/study_runs.csv, '
@@ -146,6 +147,8 @@ def _finished(root: pathlib.Path, run) -> bool:
 
 # What `_run_one` returns for a run whose search has not reached its trials.
 _WAITING = 'waiting'
+# A search stopped when its call's time (--peer_search_minutes) was up.
+_PAUSED = 'paused'
 
 
 class _Children:
@@ -160,8 +163,17 @@ class _Children:
         self._running: set[subprocess.Popen] = set()
         self._stopping = False
 
-    def call(self, command: list[str], log) -> int | None:
-        """Runs `command` to its end; None if the runner is stopping."""
+    def call(self, command: list[str], log, timeout: float | None = None
+             ) -> int | str | None:
+        """Runs `command` to its end; None if the runner is stopping.
+
+        Args:
+          command: The child's command line.
+          log: The open file its output goes to.
+          timeout: Seconds it may run (None: no limit). Past them it is
+            stopped as a stopped runner stops it (SIGTERM: it saves and
+            exits), and `_PAUSED` is returned.
+        """
         with self._lock:
             if self._stopping:
                 return None
@@ -169,7 +181,16 @@ class _Children:
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             self._running.add(proc)
         try:
-            return proc.wait()
+            try:
+                return proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=_STOP_SECONDS)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                return _PAUSED
         finally:
             with self._lock:
                 self._running.discard(proc)
@@ -230,7 +251,11 @@ def _run_one(run: study.Run, root: pathlib.Path, datasets_dir: pathlib.Path,
             return run, None, 0.0
         log.write(' '.join(command) + '\n')
         log.flush()
-        code = children.call(command, log)
+        # A search's call is stopped from outside when its time is up, not
+        # by tune.py's --max_minutes, which would also cut its trials on the
+        # wall clock and count them: a stopped trial runs again on resume.
+        minutes = run.max_minutes if isinstance(run, peers_study.Search) else None
+        code = children.call(command, log, timeout=60 * minutes if minutes else None)
     return run, code, time.perf_counter() - start
 
 
@@ -288,6 +313,10 @@ def main(argv: list[str]) -> int:
                 skipped += 1
             elif code == _WAITING:
                 status = 'waiting: its search has not reached its trials (run the study again)'
+                skipped += 1
+            elif code == _PAUSED:
+                status = ('paused: its --peer_search_minutes are up (run the study again '
+                          'to resume it)')
                 skipped += 1
             elif code == 0:
                 status = f'ok in {seconds:.0f} s'

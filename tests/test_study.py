@@ -290,6 +290,29 @@ def test_sigterm_stops_the_runner_its_runs_and_its_queue(tmp_path):
     assert not worker_watch.workers_left(workers)
 
 
+def test_a_call_past_its_time_is_stopped_as_a_stopped_runner_stops_it(tmp_path):
+    """A search's --peer_search_minutes: the runner sends SIGTERM (the child
+    saves and exits) and reports the call as paused, not failed."""
+    child = ('import signal, sys, time\n'
+             'signal.signal(signal.SIGTERM, lambda *_: (print("saved", flush=True), '
+             'sys.exit(143)))\n'
+             'print("started", flush=True)\n'
+             'time.sleep(60)\n')
+    probe = ('import sys, time\n'
+             'from tff_fedrecgel.launch import run_study\n'
+             f'log = open({str(tmp_path / "call.log")!r}, "w")\n'
+             'start = time.monotonic()\n'
+             f'code = run_study._Children().call([sys.executable, "-c", {child!r}], log, '
+             'timeout=2)\n'
+             'print(code == run_study._PAUSED, round(time.monotonic() - start))\n')
+    done = subprocess.run([sys.executable, '-c', probe], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    paused, seconds = done.stdout.split()
+    assert paused == 'True' and int(seconds) < 30
+    assert (tmp_path / 'call.log').read_text().split() == ['started', 'saved']
+
+
 # --- the recipe study --------------------------------------------------------
 
 
