@@ -151,6 +151,15 @@ _WAITING = 'waiting'
 _PAUSED = 'paused'
 
 
+def _wait_or_kill(proc: subprocess.Popen, deadline: float) -> None:
+    """Waits for a signalled run until `deadline` (monotonic), then kills it."""
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class _Children:
     """The runs' processes, so that stopping the runner stops them too.
 
@@ -185,11 +194,7 @@ class _Children:
                 return proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=_STOP_SECONDS)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                _wait_or_kill(proc, time.monotonic() + _STOP_SECONDS)
                 return _PAUSED
         finally:
             with self._lock:
@@ -213,11 +218,7 @@ class _Children:
         deadline = time.monotonic() + timeout
         try:
             for proc in running:
-                try:
-                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                _wait_or_kill(proc, deadline)
         except KeyboardInterrupt:
             for proc in running:
                 proc.kill()
