@@ -133,7 +133,7 @@ def table_lines(search: Mapping[str, Any], frame: Mapping[str, Any]) -> list[str
         # Every central trial stopped early (often on the wall clock: an
         # epoch of a large log is slow), so there is no ceiling to close to.
         lines.append(f'no ceiling: none of the central model\'s '
-                     f'{ceiling.get("finished_trials", 0)} trials ran to its end; the '
+                     f'{ceiling.get("finished_trials", 0)} trials ran to their end; the '
                      'same command with a larger --trial_minutes or --max_minutes '
                      'resumes its search')
     return lines
