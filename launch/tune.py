@@ -50,6 +50,7 @@ from tff_fedrecgel.launch import _tree_flags
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel import run_settings
+from tff_fedrecgel import settings_tree
 from tff_fedrecgel.errors import DataError
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -75,8 +76,10 @@ _OBJECTIVE = flags.DEFINE_string(
 _SPACE = flags.DEFINE_list(
     'space', None, 'Search only these settings (default: every dimension of '
     'tff_fedrecgel.tuning.SEARCH_SPACE the method can use).')
+_ROUNDS_SEARCH = settings_tree.SETTINGS['total_rounds'].search
 _TOTAL_ROUNDS = flags.DEFINE_integer(
-    'total_rounds', None, 'Rounds of every trial (default: the task\'s).')
+    'total_rounds', None, 'Rounds of every trial (default: searched, '
+    f'{_ROUNDS_SEARCH.low:g} to {_ROUNDS_SEARCH.high:g}, for federated methods).')
 _ROUNDS_PER_FULL_EVAL = flags.DEFINE_integer(
     'rounds_per_full_eval', None, 'Full-ranking evaluation every this many rounds '
     '(default: every round).')

@@ -138,6 +138,24 @@ def test_a_new_search_starts_from_the_auto_recipe():
         'server_lr': auto['server_lr'], 'rho_sh': api.settings('synthetic').rho_sh}
 
 
+def test_rounds_are_searched_for_federated_methods_unless_given():
+    """Runs still learning at their last round were the tuner's misses: a
+    federated trial draws its rounds, the central ceiling keeps its epochs,
+    and `--total_rounds` fixes them for every trial."""
+    import optuna
+
+    rounds = next(d for d in tuning.SEARCH_SPACE if d.name == 'total_rounds')
+    assert rounds.integer and rounds.federated
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(5):
+        asked = tuning.suggest_settings(study.ask(), tuning.SEARCH_SPACE, 'fedrecgel')
+        assert rounds.low <= asked['total_rounds'] <= rounds.high
+    assert 'total_rounds' not in tuning.suggest_settings(
+        study.ask(), tuning.SEARCH_SPACE, 'central')
+    fixed = tuning.TuneConfig.create('synthetic', fixed={'total_rounds': 2})
+    assert 'total_rounds' not in {d.name for d in fixed.space}
+
+
 def test_a_radius_of_zero_starts_the_log_search_at_its_low_end():
     """FilmTrust's global radius is 0, which a log-scale search cannot ask:
     the first trial takes the range's low end, the other values as they are."""
