@@ -76,8 +76,13 @@ class Search:
 
     def flags(self, data_dir: str) -> list[str]:
         """`launch/tune.py` flags (without the output folder)."""
-        data = [] if tasks.get_task(self.dataset).raw_file is None else [f'--data_dir={data_dir}']
+        task = tasks.get_task(self.dataset)
+        data = [] if task.raw_file is None else [f'--data_dir={data_dir}']
+        # The task's rounds for every method, as its seeded runs have, stated
+        # so that the searches compare settings at equal rounds whatever the
+        # tuner's default space.
         return [f'--task={self.dataset}', *data, f'--algorithm={self.method}',
+                f'--total_rounds={task.total_rounds}',
                 f'--seed={self.seed}', f'--trials={self.trials}', '--noframe',
                 f'--heldout_users={self.heldout_users:g}',
                 f'--rounds_per_full_eval={self.rounds_per_full_eval}']

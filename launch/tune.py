@@ -74,12 +74,14 @@ _OBJECTIVE = flags.DEFINE_string(
     'Validation metric to maximize: valid_full/<metric> (full ranking) or '
     'valid/<metric> (sampled), e.g. valid/hr@10.')
 _SPACE = flags.DEFINE_list(
-    'space', None, 'Search only these settings (default: every dimension of '
-    'tff_fedrecgel.tuning.SEARCH_SPACE the method can use).')
+    'space', None, 'Search these settings, or the default space plus +NAME ones '
+    '(default: every dimension of tff_fedrecgel.tuning.SEARCH_SPACE the method can '
+    'use; total_rounds only when named, e.g. --space=+total_rounds).')
 _ROUNDS_SEARCH = settings_tree.SETTINGS['total_rounds'].search
 _TOTAL_ROUNDS = flags.DEFINE_integer(
-    'total_rounds', None, 'Rounds of every trial (default: searched, '
-    f'{_ROUNDS_SEARCH.low:g} to {_ROUNDS_SEARCH.high:g}, for federated methods).')
+    'total_rounds', None, 'Rounds of every trial (default: the task\'s; '
+    f'--space=+total_rounds searches them, {_ROUNDS_SEARCH.low:g} to '
+    f'{_ROUNDS_SEARCH.high:g}, for federated methods).')
 _ROUNDS_PER_FULL_EVAL = flags.DEFINE_integer(
     'rounds_per_full_eval', None, 'Full-ranking evaluation every this many rounds '
     '(default: every round).')

@@ -202,7 +202,6 @@ def test_the_tuner_searches_a_recommenders_local_epochs_and_rates():
 
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     asked = tuning.suggest_settings(study.ask(), tuning.SEARCH_SPACE, 'pfedrec')
-    assert set(asked) == {'client_fraction', 'local_epochs', 'num_negatives', 'lr_scale',
-                          'total_rounds'}
+    assert set(asked) == {'client_fraction', 'local_epochs', 'num_negatives', 'lr_scale'}
     asked = tuning.suggest_settings(study.ask(), tuning.SEARCH_SPACE, 'fedrap')
-    assert set(asked) == {'client_fraction', 'num_negatives', 'lr_scale', 'total_rounds'}
+    assert set(asked) == {'client_fraction', 'num_negatives', 'lr_scale'}

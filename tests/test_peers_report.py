@@ -133,7 +133,8 @@ def test_the_plan_searches_every_method_with_the_same_budget(tmp_path):
     flags = {tuple(f for f in s.flags('/data') if not f.startswith('--algorithm'))
              for s in searches}
     assert len(flags) == 1  # The same search for every method.
-    assert {'--trials=7', '--noframe', '--heldout_users=0.1'} <= set(next(iter(flags)))
+    assert {'--trials=7', '--noframe', '--heldout_users=0.1',
+            '--total_rounds=100'} <= set(next(iter(flags)))  # FilmTrust's rounds, not searched.
     # A call's time limit is the runner's, not tune.py's (whose --max_minutes
     # would also cut trials on the wall clock and count them).
     assert not any(f.startswith(('--max_minutes', '--trial_minutes'))

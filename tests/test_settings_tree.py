@@ -75,11 +75,13 @@ def test_the_checks_read_the_tree_for_settings_and_configs_alike():
 
 
 def test_the_tuners_space_is_the_trees_searched_settings():
-    names = [d.name for d in tuning.SEARCH_SPACE]
+    names = [d.name for d in tuning.SEARCHABLE]
     assert names == [s.name for s in settings_tree.searched()]
+    assert [d.name for d in tuning.SEARCH_SPACE] == [
+        s.name for s in settings_tree.searched() if s.search.by_default]
     # `update` is asked before what only model_delta uses.
     assert names.index('update') < names.index('local_epochs')
-    for dim in tuning.SEARCH_SPACE:
+    for dim in tuning.SEARCHABLE:
         setting = settings_tree.SETTINGS[dim.name]
         if dim.choices is not None:
             assert set(dim.choices) <= set(setting.choices)

@@ -89,6 +89,7 @@ def test_search_resumes_after_sigkill_and_its_preset_reproduces(tmp_path):
     (['--validation'], 'a search sets --validation itself'),
     (['--algorithm=itempop'], 'the search covers fedrecgel, fedncf'),
     (['--space=warp_speed'], 'unknown search dimension'),
+    (['--space=server_lr,+total_rounds'], 'not both'),
     (['--objective=test/hr@10'], 'objective must be a validation metric'),
     (['--server_lr=-1'], 'server_lr must be > 0'),
     (['--top_ks=10,200'], 'top_ks must be <= 100 each'),
@@ -138,22 +139,30 @@ def test_a_new_search_starts_from_the_auto_recipe():
         'server_lr': auto['server_lr'], 'rho_sh': api.settings('synthetic').rho_sh}
 
 
-def test_rounds_are_searched_for_federated_methods_unless_given():
-    """Runs still learning at their last round were the tuner's misses: a
-    federated trial draws its rounds, the central ceiling keeps its epochs,
-    and `--total_rounds` fixes them for every trial."""
+def test_rounds_are_searched_only_when_named_and_only_for_federated_methods():
+    """A 60-minute search over rounds too did worse than one at fixed rounds:
+    the default space leaves them to `--total_rounds`; `--space` names or
+    adds them, and then a federated trial draws them while the central
+    ceiling keeps its epochs."""
     import optuna
 
-    rounds = next(d for d in tuning.SEARCH_SPACE if d.name == 'total_rounds')
+    assert 'total_rounds' not in {d.name for d in tuning.SEARCH_SPACE}
+    assert 'total_rounds' not in {d.name for d in tuning.TuneConfig.create('synthetic').space}
+    space = tuning.TuneConfig.create('synthetic', space=['server_lr', 'total_rounds']).space
+    assert [d.name for d in space] == ['server_lr', 'total_rounds']
+    # +NAME adds to the default space, in the searchable order.
+    added = tuning.search_space(['+total_rounds'])
+    assert added == (*tuning.SEARCH_SPACE, space[1])
+    rounds = next(d for d in space if d.name == 'total_rounds')
     assert rounds.integer and rounds.federated
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for _ in range(5):
-        asked = tuning.suggest_settings(study.ask(), tuning.SEARCH_SPACE, 'fedrecgel')
+        asked = tuning.suggest_settings(study.ask(), space, 'fedrecgel')
         assert rounds.low <= asked['total_rounds'] <= rounds.high
-    assert 'total_rounds' not in tuning.suggest_settings(
-        study.ask(), tuning.SEARCH_SPACE, 'central')
-    fixed = tuning.TuneConfig.create('synthetic', fixed={'total_rounds': 2})
-    assert 'total_rounds' not in {d.name for d in fixed.space}
+    assert set(tuning.suggest_settings(study.ask(), space, 'central')) == set()
+    fixed = tuning.TuneConfig.create('synthetic', space=['total_rounds'],
+                                     fixed={'total_rounds': 2})
+    assert fixed.space == ()
 
 
 def test_a_radius_of_zero_starts_the_log_search_at_its_low_end():

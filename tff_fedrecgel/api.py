@@ -405,7 +405,9 @@ def tune(task: str, *, root: str | os.PathLike, trials: int = recipes.TUNER_TRIA
         (default: a quarter of `max_minutes`).
       objective: The validation metric maximized (default
         `valid_full/ndcg@10`).
-      space: Dimensions of `tuning.SEARCH_SPACE` to search (default: all).
+      space: Dimensions of `tuning.SEARCHABLE` to search, or `+NAME` ones
+        added to the default (`tuning.SEARCH_SPACE`, which leaves out the
+        rounds).
       algorithm: The method tuned (a method whose spec is `tunable`).
       seed: Seed of the sampler and of every trial.
       frame: Then train item popularity and search the central model with

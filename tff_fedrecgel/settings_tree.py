@@ -75,6 +75,8 @@ class Search:
       when: None (always), 'sam' (methods with a free SAM radius),
         'model_delta' (when `update` is 'model_delta') or 'federated' (not
         the central model).
+      by_default: In the default space; False: searched only when named
+        (`launch/tune.py --space`).
     """
 
     order: int
@@ -83,6 +85,7 @@ class Search:
     choices: tuple[Any, ...] | None = None
     log: bool = False
     when: str | None = None
+    by_default: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,10 +266,10 @@ TREE = (
                 'user per TFF client.'),
     )),
     Leaf('simulation', 'rounds, the cohort and how TFF runs them', (
-        # Searched because runs still learning at their last round were the
-        # tuner's misses (docs/RESULTS.md, "Transfer").
+        # Only when named: a 60-minute search over rounds too did worse than
+        # one at fixed rounds (docs/RESULTS.md, "Transfer").
         Setting('total_rounds', 'Rounds to run.', range=(1, True, MAX_ROUNDS), filled='task',
-                search=Search(10, 50, 300, log=True, when='federated')),
+                search=Search(10, 50, 300, log=True, when='federated', by_default=False)),
         Setting('client_fraction', 'Fraction of users sampled per round.',
                 range=(0, False, 1), filled='task',
                 search=Search(2, 0.05, 0.5, log=True, when='federated')),
@@ -337,7 +340,8 @@ def int_lists() -> dict[str, tuple[str, int, int]]:
 
 
 def searched() -> tuple[Setting, ...]:
-    """The settings the tuner searches by default, in its order."""
+    """The settings the tuner can search, in its order (`Search.by_default`
+    says which it searches unasked)."""
     return tuple(sorted((s for s in SETTINGS.values() if s.search is not None),
                         key=lambda s: s.search.order))
 

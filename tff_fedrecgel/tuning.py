@@ -110,25 +110,35 @@ def _dimension(setting: settings_tree.Setting) -> Dimension:
                      federated=search.when == 'federated')
 
 
-# The default search space (`settings_tree`'s searched settings): the levers
-# that moved the validation metric in the project's studies (docs/RESULTS.md).
-SEARCH_SPACE = tuple(_dimension(s) for s in settings_tree.searched())
-SPACE_NAMES = tuple(d.name for d in SEARCH_SPACE)
+# Every setting the tuner can search (`settings_tree`'s searched settings),
+# and the default space: the levers that moved the validation metric in the
+# project's studies (docs/RESULTS.md), searched unasked.
+SEARCHABLE = tuple(_dimension(s) for s in settings_tree.searched())
+SPACE_NAMES = tuple(d.name for d in SEARCHABLE)
+SEARCH_SPACE = tuple(d for d, s in zip(SEARCHABLE, settings_tree.searched())
+                     if s.search.by_default)
 
 
 def search_space(names: Sequence[str] | None = None) -> tuple[Dimension, ...]:
-    """The default space, or the part of it named by `names`.
+    """The default space, the searchable dimensions named by `names`, or
+    the default space plus those named `+NAME`.
 
     Raises:
-      DataError: For a name outside the default space.
+      DataError: For a name the tuner cannot search, or names of both kinds.
     """
     if not names:
         return SEARCH_SPACE
-    unknown = sorted(set(names) - set(SPACE_NAMES))
+    added = {n[1:] for n in names if n.startswith('+')}
+    named = {n for n in names if not n.startswith('+')}
+    if added and named:
+        raise DataError('a search space either names its settings or adds to the default '
+                        'space with +NAME, not both')
+    unknown = sorted((added | named) - set(SPACE_NAMES))
     if unknown:
         raise DataError(f'unknown search dimension(s) {", ".join(unknown)}; choose from '
                         f'{", ".join(SPACE_NAMES)}')
-    return tuple(d for d in SEARCH_SPACE if d.name in names)
+    wanted = named or added | {d.name for d in SEARCH_SPACE}
+    return tuple(d for d in SEARCHABLE if d.name in wanted)
 
 
 def method_space(space: Sequence[Dimension], algorithm: str) -> tuple[Dimension, ...]:
@@ -221,7 +231,7 @@ class TuneConfig:
 
         Args:
           task, algorithm: As the attributes.
-          space: Names of `SEARCH_SPACE` dimensions (default: all).
+          space: Names of `SEARCHABLE` dimensions (default: `SEARCH_SPACE`).
           fixed: Settings every trial shares (`base`).
           objective: The validation metric (default `DEFAULT_OBJECTIVE`).
           **options: `trials`, `max_minutes`, `trial_minutes`, `seed`,
