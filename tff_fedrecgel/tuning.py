@@ -115,8 +115,7 @@ def _dimension(setting: settings_tree.Setting) -> Dimension:
 # project's studies (docs/RESULTS.md), searched unasked.
 SEARCHABLE = tuple(_dimension(s) for s in settings_tree.searched())
 SPACE_NAMES = tuple(d.name for d in SEARCHABLE)
-SEARCH_SPACE = tuple(d for d, s in zip(SEARCHABLE, settings_tree.searched())
-                     if s.search.by_default)
+SEARCH_SPACE = tuple(_dimension(s) for s in settings_tree.searched() if s.search.by_default)
 
 
 def search_space(names: Sequence[str] | None = None) -> tuple[Dimension, ...]:
