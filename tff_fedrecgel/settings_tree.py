@@ -15,7 +15,8 @@ Derived from this tree, never written again:
   client work's and the server's configurations (`setting_checks`);
 - `Settings`' docstring, which is the API's keyword arguments
   (`api.settings(task, **kwargs)`);
-- the tuner's default search space (`tuning.SEARCH_SPACE`).
+- the settings the tuner can search (`tuning.SEARCHABLE`) and its default
+  space (`tuning.SEARCH_SPACE`).
 `hparams.json`, TensorBoard's HParams and export's options are the
 recorded settings (`Settings.hparams()`), whose names are this tree's.
 
