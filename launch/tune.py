@@ -93,6 +93,10 @@ _START_FROM_AUTO = flags.DEFINE_bool(
     'start_from_auto', recipes.TUNER_STARTS_FROM_AUTO, 'A new search\'s first trial is '
     'the --preset=auto recipe for this data (within the searched settings), so the '
     'search starts from what an untuned run would use.')
+_PRUNE_AFTER = flags.DEFINE_float(
+    'prune_after', recipes.TUNER_PRUNE_AFTER, 'The share of a trial\'s rounds it runs '
+    'before the median pruner may stop it on its metric (0: from its first evaluation).',
+    lower_bound=0, upper_bound=0.99)
 _ROOT_OUTPUT_DIR = flags.DEFINE_string(
     'root_output_dir', None, 'The tuning folder (default: runs/tune_<task>_<algorithm>).')
 
@@ -143,7 +147,7 @@ def main(argv: list[str]) -> int:
         task.name, algorithm=method.name, space=_SPACE.value, fixed=fixed,
         objective=_OBJECTIVE.value, trials=_TRIALS.value, max_minutes=_MAX_MINUTES.value,
         trial_minutes=_TRIAL_MINUTES.value, seed=algo.SEED.value,
-        start_from_auto=_START_FROM_AUTO.value)
+        start_from_auto=_START_FROM_AUTO.value, prune_after=_PRUNE_AFTER.value)
     framed = _FRAME.value and method.name != tuning_frame.CEILING
     if framed:
         tuning_frame.ceiling_config(config)  # Checked now too.

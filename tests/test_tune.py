@@ -93,6 +93,7 @@ def test_search_resumes_after_sigkill_and_its_preset_reproduces(tmp_path):
     (['--objective=test/hr@10'], 'objective must be a validation metric'),
     (['--server_lr=-1'], 'server_lr must be > 0'),
     (['--top_ks=10,200'], 'top_ks must be <= 100 each'),
+    (['--prune_after=1'], '--prune_after=1'),
 ])
 def test_bad_searches_are_refused_and_write_nothing(tmp_path, args, message):
     root = tmp_path / 'search'
@@ -261,3 +262,37 @@ def test_a_trial_past_its_wall_clock_limit_is_pruned(tmp_path):
     assert record['best_value'] == pytest.approx(0.4)
     with pytest.raises(DataError, match='trial_minutes'):
         tuning.TuneConfig(task='synthetic', trial_minutes=0)
+
+
+class _CurveExperiment:
+    """A stand-in for `api.experiment`: the first three trials lead early
+    and stay at 0.5; the fourth starts at 0.1 and reaches 0.9 from round 10."""
+
+    made = 0
+
+    def __init__(self, *args, **kwargs):
+        self.slow = _CurveExperiment.made == 3
+        _CurveExperiment.made += 1
+
+    def train(self, on_round_end):
+        for round_num in range(1, 21):
+            value = (0.1 if round_num < 10 else 0.9) if self.slow else 0.5
+            on_round_end(round_num, {'valid_full': {'ndcg@10': value}})
+        return {'seconds_per_round': 0.0, 'rounds': 20}
+
+
+@pytest.mark.parametrize('prune_after,slow_state', [(0.0, 'pruned'), (0.5, 'complete')])
+def test_a_slow_starter_lives_through_the_pruning_warm_up(tmp_path, prune_after, slow_state):
+    import types
+
+    _CurveExperiment.made = 0
+    config = tuning.TuneConfig(task='synthetic', trials=4, space=tuning.search_space(['server_lr']),
+                               base={'total_rounds': 20}, start_from_auto=False,
+                               prune_after=prune_after)
+    record = tuning.run_search(config, root=tmp_path, split=types.SimpleNamespace(valid_items=[0]),
+                               make_experiment=_CurveExperiment)
+    states = [t['state'] for t in record['trials_this_call']]
+    assert states == ['complete'] * 3 + [slow_state]
+    assert record['best_value'] == (0.9 if slow_state == 'complete' else 0.5)
+    with pytest.raises(DataError, match='prune_after'):
+        tuning.TuneConfig(task='synthetic', prune_after=1)

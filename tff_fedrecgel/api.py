@@ -392,7 +392,8 @@ def tune(task: str, *, root: str | os.PathLike, trials: int = recipes.TUNER_TRIA
          objective: str | None = None,
          space: list[str] | None = None, algorithm: str = methods.FEDRECGEL,
          seed: int = 0, frame: bool = True,
-         start_from_auto: bool = recipes.TUNER_STARTS_FROM_AUTO, **fixed: Any) -> dict[str, Any]:
+         start_from_auto: bool = recipes.TUNER_STARTS_FROM_AUTO,
+         prune_after: float = recipes.TUNER_PRUNE_AFTER, **fixed: Any) -> dict[str, Any]:
     """Searches a method's settings on the validation item (`tuning`), as
     `launch/tune.py` does; resumes the search kept in `root`.
 
@@ -413,6 +414,8 @@ def tune(task: str, *, root: str | os.PathLike, trials: int = recipes.TUNER_TRIA
       frame: Then train item popularity and search the central model with
         the same trials and budget (`tuning_frame`), unless tuning it.
       start_from_auto: A new search's first trial is the `auto` recipe.
+      prune_after: The share of a trial's rounds it runs before the pruner
+        may stop it on its metric.
       **fixed: Settings shared by every trial (`data_dir`, `data_options`,
         `total_rounds`, ...), left out of the search.
 
@@ -427,7 +430,7 @@ def tune(task: str, *, root: str | os.PathLike, trials: int = recipes.TUNER_TRIA
     config = tuning.TuneConfig.create(
         task, algorithm=algorithm, space=space, fixed=fixed, objective=objective, trials=trials,
         max_minutes=max_minutes, trial_minutes=trial_minutes, seed=seed,
-        start_from_auto=start_from_auto)
+        start_from_auto=start_from_auto, prune_after=prune_after)
     frame = frame and algorithm != tuning_frame.CEILING
     if frame:
         tuning_frame.ceiling_config(config)  # Checked before anything runs.

@@ -46,6 +46,9 @@ TUNER_STARTS_FROM_AUTO = True
 # trial may take before it is stopped (so one slow setting cannot spend it).
 TUNER_TRIALS = 20
 TUNER_TRIAL_SHARE = 0.25
+# The share of a trial's rounds it runs before the median pruner may stop it
+# on its metric (0: from its first evaluation).
+TUNER_PRUNE_AFTER = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -187,6 +187,8 @@ class TuneConfig:
       base: Settings every trial shares (e.g. `total_rounds`, data options).
       start_from_auto: Whether a new search's first trial is the `auto`
         preset's recipe, as far as the method takes its settings.
+      prune_after: The share of a trial's rounds (0 to below 1) it runs
+        before the median pruner may stop it on its metric.
     """
 
     task: str
@@ -199,6 +201,7 @@ class TuneConfig:
     seed: int = 0
     base: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     start_from_auto: bool = recipes.TUNER_STARTS_FROM_AUTO
+    prune_after: float = recipes.TUNER_PRUNE_AFTER
 
     def __post_init__(self):
         group, _, metric = self.objective.partition('/')
@@ -211,6 +214,8 @@ class TuneConfig:
             raise DataError(f'max_minutes must be > 0, got {self.max_minutes}')
         if self.trial_minutes is not None and not self.trial_minutes > 0:
             raise DataError(f'trial_minutes must be > 0, got {self.trial_minutes}')
+        if not 0 <= self.prune_after < 1:
+            raise DataError(f'prune_after must be in [0, 1), got {self.prune_after}')
 
     @property
     def trial_limit_minutes(self) -> float | None:
@@ -234,7 +239,7 @@ class TuneConfig:
           fixed: Settings every trial shares (`base`).
           objective: The validation metric (default `DEFAULT_OBJECTIVE`).
           **options: `trials`, `max_minutes`, `trial_minutes`, `seed`,
-            `start_from_auto`.
+            `start_from_auto`, `prune_after`.
 
         Raises:
           DataError, ValueError: On a bad fixed setting or dimension name.
@@ -341,13 +346,18 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
         ends = [t for t in (deadline, limit and time.monotonic() + 60 * limit) if t]
         stop_at = min(ends) if ends else None
         best, stopped = [None], [None]  # None: stopped before its first evaluation.
+        rounds = values.get('total_rounds') or run_settings.settings(
+            config.task, algorithm=config.algorithm, preset=recipes.PAPER, validation=True,
+            **config.base).total_rounds
+        # A slow starter may still lead at the end: no metric pruning before this.
+        prunable_from = config.prune_after * rounds
 
         def report(round_num, released):
             if group in released:
                 value = float(released[group][metric])
                 best[0] = value if best[0] is None else max(best[0], value)
                 trial.report(value, step=round_num)
-                if trial.should_prune():
+                if round_num >= prunable_from and trial.should_prune():
                     stopped[0] = 'metric'
                     raise optuna.TrialPruned()
             if stop_at is not None and time.monotonic() > stop_at:

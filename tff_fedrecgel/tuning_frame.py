@@ -49,7 +49,7 @@ def ceiling_config(config: tuning.TuneConfig) -> tuning.TuneConfig:
     return tuning.TuneConfig.create(
         config.task, algorithm=CEILING, fixed=fixed, objective=config.objective,
         trials=config.trials, max_minutes=config.max_minutes,
-        trial_minutes=config.trial_minutes, seed=config.seed)
+        trial_minutes=config.trial_minutes, seed=config.seed, prune_after=config.prune_after)
 
 
 def run_frame(config: tuning.TuneConfig, *, root: str | pathlib.Path, split: Split,
