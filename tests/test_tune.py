@@ -270,7 +270,10 @@ class _CurveExperiment:
 
     made = 0
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, total_rounds, **kwargs):
+        import types
+
+        self.settings = types.SimpleNamespace(total_rounds=total_rounds)
         self.slow = _CurveExperiment.made == 3
         _CurveExperiment.made += 1
 

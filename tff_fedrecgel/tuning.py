@@ -311,7 +311,9 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
       config: The search.
       root: The tuning folder (the study, `trials/`, `best_preset.json`).
       split: The loaded split (with a validation item), shared by every trial.
-      make_experiment: `api.experiment`, or a stand-in with its signature.
+      make_experiment: `api.experiment`, or a stand-in with its signature
+        (its result's `train`, and with `prune_after` its
+        `settings.total_rounds`, are used).
       on_trial_end: Called with each finished trial's record (its `value`
         is the best objective it reached, None if it was stopped before
         its first evaluation).
@@ -346,11 +348,6 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
         ends = [t for t in (deadline, limit and time.monotonic() + 60 * limit) if t]
         stop_at = min(ends) if ends else None
         best, stopped = [None], [None]  # None: stopped before its first evaluation.
-        rounds = values.get('total_rounds') or run_settings.settings(
-            config.task, algorithm=config.algorithm, preset=recipes.PAPER, validation=True,
-            **config.base).total_rounds
-        # A slow starter may still lead at the end: no metric pruning before this.
-        prunable_from = config.prune_after * rounds
 
         def report(round_num, released):
             if group in released:
@@ -369,6 +366,9 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
             config.task, run_dir=run_dir, split=split, algorithm=config.algorithm,
             preset=recipes.PAPER, validation=True, eval_protocol=config.eval_protocol,
             seed=config.seed, **{**config.base, **values})
+        # A slow starter may still lead at the end: no metric pruning before this.
+        prunable_from = (config.prune_after * experiment.settings.total_rounds
+                         if config.prune_after else 0)
         state, summary = 'failed', None
         try:
             summary = experiment.train(on_round_end=report)
