@@ -95,8 +95,7 @@ _START_FROM_AUTO = flags.DEFINE_bool(
     'search starts from what an untuned run would use.')
 _PRUNE_AFTER = flags.DEFINE_float(
     'prune_after', recipes.TUNER_PRUNE_AFTER, 'The share of a trial\'s rounds it runs '
-    'before the median pruner may stop it on its metric (0: from its first evaluation).',
-    lower_bound=0, upper_bound=0.99)
+    'before the median pruner may stop it on its metric (0: from its first evaluation).')
 _ROOT_OUTPUT_DIR = flags.DEFINE_string(
     'root_output_dir', None, 'The tuning folder (default: runs/tune_<task>_<algorithm>).')
 

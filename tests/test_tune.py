@@ -93,7 +93,7 @@ def test_search_resumes_after_sigkill_and_its_preset_reproduces(tmp_path):
     (['--objective=test/hr@10'], 'objective must be a validation metric'),
     (['--server_lr=-1'], 'server_lr must be > 0'),
     (['--top_ks=10,200'], 'top_ks must be <= 100 each'),
-    (['--prune_after=1'], '--prune_after=1'),
+    (['--prune_after=1'], 'prune_after must be in [0, 1)'),
 ])
 def test_bad_searches_are_refused_and_write_nothing(tmp_path, args, message):
     root = tmp_path / 'search'
