@@ -278,10 +278,11 @@ class _CurveExperiment:
         _CurveExperiment.made += 1
 
     def train(self, on_round_end):
-        for round_num in range(1, 21):
+        rounds = self.settings.total_rounds
+        for round_num in range(1, rounds + 1):
             value = (0.1 if round_num < 10 else 0.9) if self.slow else 0.5
             on_round_end(round_num, {'valid_full': {'ndcg@10': value}})
-        return {'seconds_per_round': 0.0, 'rounds': 20}
+        return {'seconds_per_round': 0.0, 'rounds': rounds}
 
 
 @pytest.mark.parametrize('prune_after,slow_state', [(0.0, 'pruned'), (0.5, 'complete')])
