@@ -205,8 +205,9 @@ class Experiment:
                 extra_train_metrics=report.round_metrics if report else None,
                 extra_summary=report.summary if report else None)
 
-        with program.open_run(root_output_dir=self.paths.root.parent,
-                              experiment_name=self.paths.root.name, hparams=hparams) as paths:
+        with session.in_use(), program.open_run(
+                root_output_dir=self.paths.root.parent,
+                experiment_name=self.paths.root.name, hparams=hparams) as paths:
             self._has_state = False
             summary = training_thread.run_here_or_in_thread(run)
         self.settings = run_settings

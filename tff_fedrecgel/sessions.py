@@ -55,6 +55,11 @@ class Session:
         """Also runs TFF's secure sums (simulated), as secure aggregation needs."""
         self._runtime.install(secure_sum=True)
 
+    def in_use(self):
+        """A context manager around one experiment: when the last one open
+        ends, the worker frees what it held for them (`LocalRuntime.in_use`)."""
+        return self._runtime.in_use()
+
     def close(self) -> None:
         """Stops the worker and puts back the previous context (idempotent)."""
         self._runtime.stop()

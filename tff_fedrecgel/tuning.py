@@ -44,6 +44,7 @@ import optuna
 from tff_fedrecgel import methods
 from tff_fedrecgel import recipes
 from tff_fedrecgel import run_settings
+from tff_fedrecgel import runtime
 from tff_fedrecgel import setting_checks
 from tff_fedrecgel import settings_tree
 from tff_fedrecgel.data.preprocess import Split
@@ -370,6 +371,7 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
         prunable_from = (config.prune_after * experiment.settings.total_rounds
                          if config.prune_after else 0)
         state, summary = 'failed', None
+        runtime.reset_peak_rss()  # The trial's `peak_rss_mb` is its own.
         try:
             summary = experiment.train(on_round_end=report)
             state = 'complete'

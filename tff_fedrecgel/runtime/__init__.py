@@ -3,6 +3,8 @@
 * `local_worker`: `LocalRuntime`, this process's own TFF worker (dies with
   it, SIGKILL included) and the execution context on it;
   `shutdown_tff_workers` stops every worker this process started.
+* `executors`: TFF's executors on a worker, made to free the worker's memory
+  (values as soon as Python drops them, executors when an experiment ends).
 * `services`: worker services for `--workers`, started detached and
   recorded in a state file (`launch/workers.py` is the command line).
 * `processes`: the worker binary, which pids are workers, their memory,

@@ -111,6 +111,7 @@ class LocalRuntime:
         self._context = None
         self._previous_context = None
         self._installed = False
+        self._users = 0
         self.port: int | None = None
 
     # -- the worker ----------------------------------------------------------
@@ -231,15 +232,9 @@ class LocalRuntime:
     # -- the context ---------------------------------------------------------
 
     def _executor_fn(self, cardinalities):
-        import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+        from tff_fedrecgel.runtime import executors  # pylint: disable=g-import-not-at-top
 
-        # As TFF's local context: computations without CLIENTS values still
-        # need a cardinality for the placement.
-        if cardinalities.get(tff.CLIENTS) is None:
-            cardinalities[tff.CLIENTS] = 0
-        executor = tff.framework.RemoteExecutor(self._ensure_stub())
-        executor.set_cardinalities(cardinalities)
-        return executor
+        return executors.remote_executor(self._ensure_stub(), cardinalities)
 
     def install(self, *, secure_sum: bool = False) -> 'LocalRuntime':
         """Makes this runtime TFF's default execution context.
@@ -254,18 +249,15 @@ class LocalRuntime:
         """
         import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
 
+        from tff_fedrecgel.runtime import executors  # pylint: disable=g-import-not-at-top
+
         if secure_sum:
             def compiler(comp):
                 comp = tff.backends.test.replace_secure_intrinsics_with_bodies(comp)
                 return tff.backends.native.desugar_and_transform_to_native(comp)
         else:
             compiler = tff.backends.native.desugar_and_transform_to_native
-        context = tff.framework.SyncExecutionContext(
-            executor_fn=tff.framework.ResourceManagingExecutorFactory(self._executor_fn),
-            compiler_fn=compiler,
-            transform_args=tff.tensorflow.transform_args,
-            transform_result=tff.tensorflow.transform_result,
-        )
+        context = executors.worker_context(self._executor_fn, compiler_fn=compiler)
         with self._lock:
             stack = tff.framework.get_context_stack()
             if not self._installed:
@@ -275,6 +267,26 @@ class LocalRuntime:
             self._context = context
             tff.framework.set_default_context(context)
         return self
+
+    @contextlib.contextmanager
+    def in_use(self):
+        """Marks a span of work (an experiment) that uses this runtime.
+
+        When the last span open ends, the worker's executors are closed, so
+        what they hold of that work (compiled computations, values) is freed
+        before the next experiment: a search's trials share one worker.
+        Spans may nest and overlap (threads).
+        """
+        with self._lock:
+            self._users += 1
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._users -= 1
+                context = self._context if self._users == 0 else None
+            if context is not None and self.worker_pid is not None:
+                context.executor_factory.release()
 
     def stop(self) -> None:
         """Stops the worker and puts back the previous context (idempotent)."""

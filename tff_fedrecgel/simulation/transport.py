@@ -19,6 +19,8 @@ import dataclasses
 import grpc
 import tensorflow_federated as tff
 
+from tff_fedrecgel.runtime import executors
+
 # As TFF's own local worker channel: large enough for any round's values.
 _MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
 _CHANNEL_OPTIONS = [
@@ -233,18 +235,6 @@ def connect_worker(
             address=address,
         ) from None
 
-    def executor_fn(cardinalities):
-        # As TFF's local context: computations without CLIENTS values still
-        # need a cardinality for the placement.
-        cardinalities.setdefault(tff.CLIENTS, 0)
-        executor = tff.framework.RemoteExecutor(stub)
-        executor.set_cardinalities(cardinalities)
-        return executor
-
-    context = tff.framework.SyncExecutionContext(
-        executor_fn=tff.framework.ResourceManagingExecutorFactory(executor_fn),
-        compiler_fn=tff.backends.native.desugar_and_transform_to_native,
-        transform_args=tff.tensorflow.transform_args,
-        transform_result=tff.tensorflow.transform_result,
-    )
+    context = executors.worker_context(
+        lambda cardinalities: executors.remote_executor(stub, cardinalities))
     return WorkerConnection(address, context, stub)
