@@ -46,20 +46,15 @@ _entry.setup_environment()
 
 from absl import flags
 
-from tff_fedrecgel import methods
+from tff_fedrecgel.launch import _benchmark_flags as common
 from tff_fedrecgel.evaluation import protocols
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-_TASK = flags.DEFINE_string('task', 'synthetic', 'Task name.')
-_DATA_DIR = flags.DEFINE_string('data_dir', None, 'The task\'s data folder (paper tasks).')
-_ALGORITHM = flags.DEFINE_enum('algorithm', methods.FEDRECGEL, list(methods.METHODS),
-                               'The method.')
 _PRESET = flags.DEFINE_string('preset', None, 'The preset (default: the task\'s).')
 _EVAL_PROTOCOL = flags.DEFINE_enum('eval_protocol', protocols.BOTH, list(protocols.CHOICES),
                                    'Evaluation of every round.')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Steady rounds timed after the first.',
                                lower_bound=1)
-_WORK_DIR = flags.DEFINE_string('work_dir', None, 'Folder for the temporary run folders.')
 
 _LENGTHS = (20, 100)
 
@@ -71,23 +66,24 @@ def _timed(call):
 
 
 def _settings() -> dict:
-    out = {'algorithm': _ALGORITHM.value, 'validation': True,
+    out = {'algorithm': common.ALGORITHM.value, 'validation': True,
            'eval_protocol': _EVAL_PROTOCOL.value}
     if _PRESET.value:
         out['preset'] = _PRESET.value
-    if _DATA_DIR.value:
-        out['data_dir'] = _DATA_DIR.value
+    if common.DATA_DIR.value:
+        out['data_dir'] = common.DATA_DIR.value
     return out
 
 
 def _command(work: str) -> float:
     """Wall seconds of a one-round `launch/train.py` in a fresh process."""
     train = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
-    args = [sys.executable, train, f'--task={_TASK.value}', f'--algorithm={_ALGORITHM.value}',
+    args = [sys.executable, train, f'--task={common.TASK.value}',
+            f'--algorithm={common.ALGORITHM.value}',
             '--validation', f'--eval_protocol={_EVAL_PROTOCOL.value}', '--total_rounds=1',
             '--noprogress', f'--root_output_dir={work}', '--experiment_name=command']
     args += [f'--preset={_PRESET.value}'] if _PRESET.value else []
-    args += [f'--data_dir={_DATA_DIR.value}'] if _DATA_DIR.value else []
+    args += [f'--data_dir={common.DATA_DIR.value}'] if common.DATA_DIR.value else []
     start = time.perf_counter()
     done = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL,
                           check=False)
@@ -109,11 +105,11 @@ def _in_process(work: str) -> dict:
     session, phases['session'] = _timed(api.Session)
     try:
         split, phases['data'] = _timed(lambda: api.prepare_data(
-            _TASK.value, data_dir=_DATA_DIR.value, validation=True))
+            common.TASK.value, data_dir=common.DATA_DIR.value, validation=True))
         runs = []
         for seed in (0, 1):
             run, build = _timed(lambda s=seed: api.experiment(
-                _TASK.value, run_dir=os.path.join(work, f'api_seed{s}'), split=split, seed=s,
+                common.TASK.value, run_dir=os.path.join(work, f'api_seed{s}'), split=split, seed=s,
                 **_settings()))
             _, first = _timed(lambda r=run: r.train(total_rounds=1))
             runs.append({'build': build, 'first_round': first})
@@ -126,7 +122,7 @@ def _in_process(work: str) -> dict:
 
 def main(argv: list[str]) -> int:
     del argv
-    with tempfile.TemporaryDirectory(dir=_WORK_DIR.value) as work:
+    with tempfile.TemporaryDirectory(dir=common.WORK_DIR.value) as work:
         command = _command(work)
         measured = _in_process(work)
     steady = measured['steady_round']
@@ -143,7 +139,8 @@ def main(argv: list[str]) -> int:
           f'and around a steady round; in-process start-up {fresh:.1f} s; a second run in '
           f'the same process: {again:.1f} s')
     print(json.dumps({
-        'task': _TASK.value, 'algorithm': _ALGORITHM.value, 'command_seconds': round(command, 2),
+        'task': common.TASK.value, 'algorithm': common.ALGORITHM.value,
+        'command_seconds': round(command, 2),
         'phases': {k: round(v, 2) for k, v in measured['phases'].items()},
         'steady_round_seconds': round(steady, 3),
         'second_run': {k: round(v, 2) for k, v in measured['again'].items()},

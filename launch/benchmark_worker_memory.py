@@ -36,13 +36,9 @@ _entry.setup_environment()
 
 from absl import flags
 
-from tff_fedrecgel import methods
+from tff_fedrecgel.launch import _benchmark_flags as common
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-_TASK = flags.DEFINE_string('task', 'synthetic', 'Task name.')
-_DATA_DIR = flags.DEFINE_string('data_dir', None, 'The task\'s data folder (paper tasks).')
-_ALGORITHM = flags.DEFINE_enum('algorithm', methods.FEDRECGEL, list(methods.METHODS),
-                               'The method.')
 _RUNS = flags.DEFINE_integer('runs', 10, 'Identical runs in one process.', lower_bound=1)
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds of each run.', lower_bound=1)
 _LONG_ROUNDS = flags.DEFINE_integer('long_rounds', 0,
@@ -50,7 +46,6 @@ _LONG_ROUNDS = flags.DEFINE_integer('long_rounds', 0,
                                     lower_bound=0)
 _SET = flags.DEFINE_multi_string('set', [], 'A setting as NAME=VALUE (a number), e.g. '
                                  '--set=client_fraction=0.18.')
-_WORK_DIR = flags.DEFINE_string('work_dir', None, 'Folder for the temporary run folders.')
 
 
 def _worker_rss_mb() -> float:
@@ -83,13 +78,13 @@ def main(argv: list[str]) -> int:
     del argv
     from tff_fedrecgel import api  # pylint: disable=g-import-not-at-top
 
-    settings = {'algorithm': _ALGORITHM.value, 'validation': True, 'seed': 0, **_overrides()}
-    split = api.prepare_data(_TASK.value, data_dir=_DATA_DIR.value, validation=True)
+    settings = {'algorithm': common.ALGORITHM.value, 'validation': True, 'seed': 0, **_overrides()}
+    split = api.prepare_data(common.TASK.value, data_dir=common.DATA_DIR.value, validation=True)
     after_run, long_samples = [], []
-    with tempfile.TemporaryDirectory(dir=_WORK_DIR.value) as work, api.Session():
+    with tempfile.TemporaryDirectory(dir=common.WORK_DIR.value) as work, api.Session():
         for n in range(_RUNS.value):
             start = time.perf_counter()
-            api.experiment(_TASK.value, run_dir=os.path.join(work, f'run{n}'), split=split,
+            api.experiment(common.TASK.value, run_dir=os.path.join(work, f'run{n}'), split=split,
                            total_rounds=_ROUNDS.value, **settings).train(progress=False)
             after_run.append((_worker_rss_mb(), time.perf_counter() - start))
             print(f'run {n + 1:>3}: worker {after_run[-1][0]:7.0f} MB resident, '
@@ -104,7 +99,7 @@ def main(argv: list[str]) -> int:
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
             try:
-                api.experiment(_TASK.value, run_dir=os.path.join(work, 'long'), split=split,
+                api.experiment(common.TASK.value, run_dir=os.path.join(work, 'long'), split=split,
                                total_rounds=_LONG_ROUNDS.value, **settings).train(progress=False)
             finally:
                 done.set()
@@ -113,7 +108,7 @@ def main(argv: list[str]) -> int:
                 print(f'a run of {_LONG_ROUNDS.value} rounds: worker {long_samples[0]:.0f} MB '
                       f'at its first second, {max(long_samples):.0f} MB at most', flush=True)
     print(json.dumps({
-        'task': _TASK.value, 'algorithm': _ALGORITHM.value, 'rounds': _ROUNDS.value,
+        'task': common.TASK.value, 'algorithm': common.ALGORITHM.value, 'rounds': _ROUNDS.value,
         'settings': settings, 'worker_rss_mb_after_each_run': [round(m) for m, _ in after_run],
         'seconds_each_run': [round(s, 1) for _, s in after_run],
         'long_run': ({'rounds': _LONG_ROUNDS.value, 'worker_rss_mb_max': round(max(long_samples)),
