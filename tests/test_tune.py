@@ -2,7 +2,9 @@
 that launch/train.py reproduces."""
 
 import contextlib
+import io
 import json
+import logging
 import os
 import pathlib
 import signal
@@ -16,6 +18,7 @@ import pytest
 from tests.test_train_program import REPO
 from tests.test_train_program import _run
 from tests.test_train_program import _summary
+from tff_fedrecgel import runtime
 from tff_fedrecgel import tuning
 from tff_fedrecgel.errors import DataError
 
@@ -300,3 +303,27 @@ def test_a_slow_starter_lives_through_the_pruning_warm_up(tmp_path, prune_after,
     assert record['best_value'] == (0.9 if slow_state == 'complete' else 0.5)
     with pytest.raises(DataError, match='prune_after'):
         tuning.TuneConfig(task='synthetic', prune_after=1)
+
+
+def test_a_trial_stopped_by_a_signal_is_reported_without_its_traceback(monkeypatch):
+    tuning.quiet_optuna()
+    tuning.quiet_optuna()  # Once is enough: no second filter, no second line.
+    shown = io.StringIO()
+    handlers = [h for h in logging.getLogger('optuna').handlers
+                if type(h) is logging.StreamHandler]  # Optuna's own, to stderr.
+    assert handlers
+    for handler in handlers:
+        monkeypatch.setattr(handler, 'stream', shown)
+    try:
+        raise runtime.Terminated(signal.SIGTERM)
+    except KeyboardInterrupt:
+        logging.getLogger('optuna.study._optimize').warning(
+            'Trial 3 failed because of Terminated', exc_info=True)
+    try:
+        raise ValueError('a real error')
+    except ValueError:
+        logging.getLogger('optuna.study._optimize').warning('Trial 4 failed', exc_info=True)
+    interrupted, failed = shown.getvalue().split('Trial 4 failed')
+    assert interrupted.count('Trial 3 failed because of Terminated') == 1
+    assert 'Traceback' not in interrupted
+    assert 'Traceback' in failed and 'a real error' in failed  # Other errors keep theirs.

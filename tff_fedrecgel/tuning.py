@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import json
+import logging
 import os
 import pathlib
 import time
@@ -284,8 +285,29 @@ def auto_trial(config: TuneConfig, split: Split) -> dict[str, Any]:
         config.algorithm)
 
 
-def _open_study(root: pathlib.Path, seed: int) -> optuna.Study:
+class _InterruptWithoutTraceback(logging.Filter):
+    """Optuna's warning of a trial stopped by Ctrl-C or SIGTERM, in one line.
+
+    The entry point says in one line that the search stopped and resumes;
+    Optuna would add the interrupted trial's traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and issubclass(record.exc_info[0], KeyboardInterrupt):
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def quiet_optuna() -> None:
+    """Optuna's warnings only, an interrupted trial's without its traceback."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for handler in logging.getLogger('optuna').handlers:
+        if not any(isinstance(f, _InterruptWithoutTraceback) for f in handler.filters):
+            handler.addFilter(_InterruptWithoutTraceback())
+
+
+def _open_study(root: pathlib.Path, seed: int) -> optuna.Study:
+    quiet_optuna()
     study = optuna.create_study(
         study_name=STUDY_NAME, storage=f'sqlite:///{root / STUDY_FILE}',
         direction='maximize', load_if_exists=True,
