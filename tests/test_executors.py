@@ -110,3 +110,30 @@ def test_an_experiment_releases_the_workers_executors_when_it_ends(tmp_path):
             experiment.train(total_rounds=2)
             assert factory.kept > 0  # An open span (here the caller's) keeps them.
         assert factory.kept == 0
+
+
+def test_switching_the_context_releases_the_replaced_ones_executors(tff_runtime):
+    @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+    def total(values):
+        return tff.federated_sum(values)
+
+    def current():
+        return tff.framework.get_context_stack().current
+
+    try:
+        tff_runtime.install(secure_sum=True)
+        secure = current()
+        assert tff_runtime.install(secure_sum=True) is tff_runtime and current() is secure
+        assert total([1.0, 2.0]) == pytest.approx(3.0)
+        assert secure.executor_factory.kept == 1
+        tff_runtime.install()  # No experiment runs: released at once.
+        assert current() is not secure and secure.executor_factory.kept == 0
+
+        plain = current()
+        with tff_runtime.in_use():
+            assert total([1.0, 2.0]) == pytest.approx(3.0)
+            tff_runtime.install(secure_sum=True)
+            assert plain.executor_factory.kept == 1  # An open span keeps them...
+        assert plain.executor_factory.kept == 0  # ...until it ends.
+    finally:
+        tff_runtime.install()

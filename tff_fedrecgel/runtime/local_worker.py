@@ -109,6 +109,8 @@ class LocalRuntime:
         self._stub = None
         self._owner_release: threading.Event | None = None
         self._context = None
+        self._secure_sum = False
+        self._retired = []  # Replaced contexts whose executors await release.
         self._previous_context = None
         self._installed = False
         self._users = 0
@@ -244,6 +246,10 @@ class LocalRuntime:
             quantized values with range checks (TFF's test backend; simulation
             only, nothing is masked). Other computations run as without it.
 
+        Installing again in the same mode keeps the context (and what its
+        executors hold); a replaced context's executors are released as soon
+        as no span of work (`in_use`) is open.
+
         Returns:
           self.
         """
@@ -251,6 +257,10 @@ class LocalRuntime:
 
         from tff_fedrecgel.runtime import executors  # pylint: disable=g-import-not-at-top
 
+        with self._lock:
+            if (self._installed and self._secure_sum == secure_sum
+                    and tff.framework.get_context_stack().current is self._context):
+                return self
         if secure_sum:
             def compiler(comp):
                 comp = tff.backends.test.replace_secure_intrinsics_with_bodies(comp)
@@ -263,10 +273,23 @@ class LocalRuntime:
             if not self._installed:
                 self._previous_context = stack.current
                 _live_runtimes.add(self)
+            elif self._context is not None:
+                self._retired.append(self._context)
             self._installed = True
-            self._context = context
+            self._context, self._secure_sum = context, secure_sum
             tff.framework.set_default_context(context)
+            if self._users == 0:
+                self._release_executors(retired_only=True)
         return self
+
+    def _release_executors(self, *, retired_only: bool = False) -> None:
+        # Called under the lock, with no span of work open.
+        contexts, self._retired = self._retired, []
+        if not retired_only and self._context is not None:
+            contexts.append(self._context)
+        if self.worker_pid is not None:
+            for context in contexts:
+                context.executor_factory.release()
 
     @contextlib.contextmanager
     def in_use(self):
@@ -284,9 +307,8 @@ class LocalRuntime:
         finally:
             with self._lock:
                 self._users -= 1
-                context = self._context if self._users == 0 else None
-            if context is not None and self.worker_pid is not None:
-                context.executor_factory.release()
+                if self._users == 0:
+                    self._release_executors()
 
     def stop(self) -> None:
         """Stops the worker and puts back the previous context (idempotent)."""
@@ -309,6 +331,7 @@ class LocalRuntime:
                         with contextlib.suppress(Exception):  # Interpreter teardown.
                             tff.framework.set_default_context(self._previous_context)
             self._context = self._previous_context = None
+            self._retired = []
             _live_runtimes.discard(self)
 
     def __enter__(self) -> 'LocalRuntime':
