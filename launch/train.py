@@ -175,8 +175,9 @@ def main(argv: list[str]) -> int:
             'run a changed command under another --experiment_name') from None
 
 
-def _headline(headline, negatives: int) -> str:
-    """The summary's first figure in words (`negatives`: of the sampled protocol)."""
+def _headline(headline, negatives: int, popularity=None) -> str:
+    """The summary's first figure in words, beside the popularity floor on
+    the same split and protocol (`negatives`: of the sampled protocol)."""
     suffix = protocols.get(headline['protocol']).suffix
     protocol = 'full ranking' if suffix else f'sampled, {negatives} negatives'
     served = ('; recommend.py, export.py and api.load_run serve this round'
@@ -188,8 +189,13 @@ def _headline(headline, negatives: int) -> str:
 
     if f'test{suffix}/hr@10_se' in headline:
         protocol += '; a sample of users, ± one standard error'
+    floor = ''
+    if popularity and f'test{suffix}/hr@10' in popularity:
+        floor = (f'; item popularity on the same split: HR@10 '
+                 f'{popularity[f"test{suffix}/hr@10"]:.4f}, NDCG@10 '
+                 f'{popularity[f"test{suffix}/ndcg@10"]:.4f}')
     return (f'result: round {headline["round"]}, {headline["chosen"]}: test HR@10 '
-            f'{figure("hr@10")}, NDCG@10 {figure("ndcg@10")} ({protocol}){served}')
+            f'{figure("hr@10")}, NDCG@10 {figure("ndcg@10")} ({protocol}){floor}{served}')
 
 
 def _train(task, settings: run_settings.Settings, hparams: dict, split, clients: int,
@@ -229,7 +235,8 @@ def _train(task, settings: run_settings.Settings, hparams: dict, split, clients:
         extra_summary=privacy_report.summary if privacy_report else None)
     summary['wall_seconds'] = round(time.perf_counter() - start, 1)
     summary['output_dir'] = str(paths.root)
-    print(_headline(summary['headline'], settings.eval_negatives), flush=True)
+    print(_headline(summary['headline'], settings.eval_negatives, summary.get('popularity')),
+          flush=True)
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -36,6 +36,8 @@ def test_the_summary_leads_with_the_validation_selected_round(stopped_run):
     assert headline['round'] == summary['selections']['valid_full']['round']
     assert headline['test_full/hr@10'] == summary['selections']['valid_full']['test_full/hr@10']
     assert f'result: round {headline["round"]}, chosen on the validation item' in output
+    floor = summary['popularity']['test_full/hr@10']
+    assert f'item popularity on the same split: HR@10 {floor:.4f}' in output
     # The banner of own data names the transfer preset.
     assert 'preset auto: update gradient -> model_delta' in output
     assert 'interactions per user < 50' in output

@@ -248,6 +248,17 @@ class EvaluationPlan:
                 **{f'test{suffix}/{m}': float(record[f'test{suffix}/{m}'])
                    for m in shown}}
 
+    def popularity(self, simulation) -> dict[str, float]:
+        """The popularity floor of the test item under each protocol, keyed
+        as the test groups (`test/hr@10`, `test_full/hr@10`, ...): what the
+        run's figures stand beside."""
+        out = {}
+        for protocol in self.protocols:
+            group = protocols_lib.get(protocol).group('test')
+            out.update((f'{group}/{k}', v) for k, v in
+                       simulation.popularity('test', protocol=protocol).items())
+        return out
+
     def summary(self, best: Mapping) -> dict[str, Any]:
         """The selections' fields of the run summary.
 

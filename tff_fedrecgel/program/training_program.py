@@ -486,6 +486,7 @@ def _summary(simulation, plan, best, final, train_seconds, eval_seconds):
     sample = _evaluation_sample(simulation)
     if sample is not None:
         summary['evaluated_users'] = sample
+    summary['popularity'] = plan.popularity(simulation)
     summary['final'] = {k: float(v) for k, v in (final or {}).items()}
     summary['rounds'] = rounds
     # Seconds of training plus evaluation, and of training alone, per round.

@@ -304,6 +304,22 @@ class Simulation:
                 top_ks=self.top_ks, sample_of=sample_of, scoring=self.eval_scoring)
         return {k: float(v) for k, v in metrics.items()}
 
+    def popularity(self, which: str = 'test', *,
+                   protocol: str = protocols.SAMPLED.name) -> dict[str, float]:
+        """The popularity floor on this split: `evaluate`'s metrics (training
+        users, `which` item) with items ranked by their count in the training
+        users' rows, the counts `--algorithm=itempop` reaches once every
+        training user has uploaded."""
+        ranker = protocols.get(protocol)
+        users, positions = self.evaluated_users()
+        rows = np.isin(self.split.train_users, self.train_users)
+        counts = np.bincount(self.split.train_items[rows],
+                             minlength=self.split.num_items).astype(np.float32)
+        metrics = ranker.evaluate_item_scores(
+            counts, ranker.held_out(self.split, self.train_data, which, users),
+            top_ks=self.top_ks, sample_of=None if positions is None else len(self.train_users))
+        return {k: float(v) for k, v in metrics.items()}
+
     def _evaluate_personal(self, which: str, users: np.ndarray, *, heldout: bool,
                            protocol: protocols.Protocol,
                            sample_of: int | None) -> dict[str, float]:
