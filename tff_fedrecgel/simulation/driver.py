@@ -312,7 +312,9 @@ class Simulation:
         training user has uploaded."""
         ranker = protocols.get(protocol)
         users, positions = self.evaluated_users()
-        rows = np.isin(self.split.train_users, self.train_users)
+        held = np.zeros(self.split.num_users, bool)
+        held[self.heldout_users] = True
+        rows = ~held[self.split.train_users]
         counts = np.bincount(self.split.train_items[rows],
                              minlength=self.split.num_items).astype(np.float32)
         metrics = ranker.evaluate_item_scores(
