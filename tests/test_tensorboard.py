@@ -340,7 +340,7 @@ def test_every_plugin_is_active_from_the_one_logdir(served_run):
         if 'projector' in active or time.monotonic() > deadline:
             break
         time.sleep(1)
-    assert {'scalars', 'hparams', 'projector'} <= active
+    assert {'scalars', 'hparams', 'projector', 'custom_scalars'} <= active
 
 
 def test_hparams_dashboard_is_readable_and_current(served_run):
@@ -414,3 +414,22 @@ def test_scalars_are_one_named_run_with_described_tags(served_run):
             'workload/round_seconds', 'workload/clients'} <= set(run)
     assert not {'eval_seconds', 'train/clients', 'train/round_seconds'} & set(run)
     assert all(info['description'].strip() for info in run.values()), run
+
+
+def test_the_test_curves_stand_beside_popularity_on_the_same_split(served_run):
+    url = served_run['url']
+    layout = json.loads(_get(f'{url}/data/plugin/custom_scalars/layout'))
+    (category,) = layout['category']
+    charts = {c['title']: c['multiline']['tag'] for c in category['chart']}
+    assert charts == {
+        f'test/{m} against item popularity (sampled protocol)':
+            [f'^(test/{m}|popularity/test/{m})$'] for m in ('hr@10', 'ndcg@10')}
+    floor = served_run['summary']['popularity']['test/hr@10']
+    points = json.loads(_get(f'{url}/data/plugin/scalars/scalars?run=listening_test'
+                             '&tag=popularity/test/hr@10'))
+    # A flat line over the rounds of the first call (1-2) and the resume (3).
+    assert [p[1] for p in points] == [1, 2, 3]
+    assert [p[2] for p in points] == [pytest.approx(floor)] * 3
+    curve = json.loads(_get(f'{url}/data/plugin/scalars/scalars?run=listening_test'
+                            '&tag=test/hr@10'))
+    assert [p[1] for p in curve] == [1, 2, 3]

@@ -12,6 +12,8 @@ name>/` (`run_log_dir`), so `tensorboard --logdir <run>/tensorboard` shows
 every plugin under the experiment's name, and a folder of runs shows each
 under its own:
 
+- custom scalars: each ranking metric's curves beside item popularity's
+  figure on the same split, a flat line (`ScalarReleaseManager.write_floor`);
 - hparams: `tensorboard_hparams` (the settings and the selected metrics);
 - projector: ``projector_config.pbtxt`` at the top of the folder, its tables
   and labels in ``projector/`` as TSV files, so that no checkpoint is needed.
@@ -19,9 +21,10 @@ under its own:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 import os
 import pathlib
+import re
 import time
 from typing import Any
 
@@ -30,6 +33,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorboard.compat.proto import event_pb2
 from tensorboard.plugins import projector
+from tensorboard.plugins.custom_scalar import layout_pb2
+from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
 import tree
 # `import_event` writes a whole Event proto; no public tf.summary API does.
 from tensorflow.python.ops import summary_ops_v2  # pylint: disable=g-direct-tensorflow-import
@@ -162,8 +167,50 @@ class ScalarReleaseManager(tff.program.ReleaseManager):
                     tf.summary.scalar(tag, array, step=key, description=description)
         self._writer.flush()  # Write errors (a full disk) surface here.
 
+    def write_floor(self, floor: Mapping[str, float], *, steps: Sequence[int]) -> None:
+        """Writes item popularity's metrics on the run's split as flat lines
+        (`popularity/test_full/hr@10`, ...) over `steps`, and a custom-scalars
+        layout that draws each test HR@10 and NDCG@10 curve beside them.
+
+        Args:
+          floor: `EvaluationPlan.popularity`'s metrics.
+          steps: The rounds the lines span (this run's first and last).
+        """
+        names = [n for n in floor if n.partition('/')[2] in FLOOR_METRICS]
+        with self._writer.as_default():
+            for name in names:
+                description = ('Item popularity on the same split (the floor): '
+                               + scalar_tag(name)[1])
+                for step in sorted(set(steps)):
+                    tf.summary.scalar(f'{FLOOR_GROUP}/{name}', floor[name], step=step,
+                                      description=description)
+            tf.summary.experimental.write_raw_pb(
+                custom_scalar_summary.pb(_floor_layout(names)).SerializeToString(), step=0)
+        self._writer.flush()
+
     def close(self) -> None:
         self._writer.close()
+
+
+# The group of the floor's flat lines, and its custom-scalars category.
+FLOOR_GROUP = 'popularity'
+FLOOR_CATEGORY = 'against item popularity'
+FLOOR_METRICS = ('hr@10', 'ndcg@10')
+
+
+def _floor_layout(names: Sequence[str]) -> layout_pb2.Layout:
+    """One chart per protocol and metric: the training users' test-item
+    curve (what the floor measures too) with the floor's line."""
+    charts = []
+    for name in names:
+        group, _, metric = name.partition('/')
+        pattern = '|'.join(re.escape(t) for t in (name, f'{FLOOR_GROUP}/{name}'))
+        charts.append(layout_pb2.Chart(
+            title=f'{name} against item popularity ({protocols.of_group(group).name} '
+                  'protocol)',
+            multiline=layout_pb2.MultilineChartContent(tag=[f'^({pattern})$'])))
+    return layout_pb2.Layout(category=[layout_pb2.Category(title=FLOOR_CATEGORY,
+                                                           chart=charts)])
 
 PROJECTOR_DIR = 'projector'
 ITEMS_FILE = 'items.tsv'

@@ -389,6 +389,8 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
         paths.tensorboard_run.mkdir(parents=True, exist_ok=True)
         tb_manager = tensorboard_extras.ScalarReleaseManager(
             paths.tensorboard_run, first_step=start_round)
+        floor = plan.popularity(simulation)
+        tb_manager.write_floor(floor, steps=(min(start_round, total_rounds), total_rounds))
         # Written again on a resume, so the dashboard shows the current settings.
         tensorboard_hparams.write_hparams(
             paths.tensorboard_run, hparams=hparams, trial_id=paths.root.name,
@@ -464,6 +466,7 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
         tensorboard_hparams.write_selected(paths.tensorboard_run,
                                            selected=plan.selected_metrics(best))
     summary = _summary(simulation, plan, best, test_metrics, train_seconds, eval_seconds)
+    summary['popularity'] = floor
     if stopped_early:
         summary['stopped_early'] = {'round': simulation.round_num, 'patience': patience}
     if extra_summary is not None:
@@ -486,7 +489,6 @@ def _summary(simulation, plan, best, final, train_seconds, eval_seconds):
     sample = _evaluation_sample(simulation)
     if sample is not None:
         summary['evaluated_users'] = sample
-    summary['popularity'] = plan.popularity(simulation)
     summary['final'] = {k: float(v) for k, v in (final or {}).items()}
     summary['rounds'] = rounds
     # Seconds of training plus evaluation, and of training alone, per round.
