@@ -212,6 +212,7 @@ def _floor_layout(names: Sequence[str]) -> layout_pb2.Layout:
     return layout_pb2.Layout(category=[layout_pb2.Category(title=FLOOR_CATEGORY,
                                                            chart=charts)])
 
+
 PROJECTOR_DIR = 'projector'
 ITEMS_FILE = 'items.tsv'
 
