@@ -172,9 +172,11 @@ def main(argv: list[str]) -> int:
                                        else '')
             value = ('before its first evaluation' if record['value'] is None
                      else f'{config.objective} {record["value"]:.4f}')
+            again = ('; it runs again when the search resumes'
+                     if record['state'] == 'interrupted' else '')
             print(f'{prefix}trial {record["trial"]}: {state}, {value} '
                   f'in {record["wall_seconds"]:.0f} s, '
-                  f'{json.dumps(record["settings"])}', flush=True)
+                  f'{json.dumps(record["settings"])}{again}', flush=True)
 
         with api.Session():
             record = tuning.run_search(config, root=root_dir, split=split,

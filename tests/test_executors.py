@@ -112,6 +112,25 @@ def test_an_experiment_releases_the_workers_executors_when_it_ends(tmp_path):
         assert factory.kept == 0
 
 
+def test_a_span_stopped_by_a_signal_leaves_the_executors_to_the_next_span(tff_runtime):
+    """A stopped computation may still run in TFF's thread: closing its
+    executor under it broke TFF's values (tracebacks at exit)."""
+    @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+    def total(values):
+        return tff.federated_sum(values)
+
+    tff_runtime.install()
+    factory = tff.framework.get_context_stack().current.executor_factory
+    with pytest.raises(KeyboardInterrupt):
+        with tff_runtime.in_use():
+            assert total([1.0, 2.0]) == pytest.approx(3.0)
+            raise KeyboardInterrupt
+    assert factory.kept == 1
+    with tff_runtime.in_use():
+        pass
+    assert factory.kept == 0
+
+
 def test_switching_the_context_releases_the_replaced_ones_executors(tff_runtime):
     @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
     def total(values):

@@ -2,6 +2,7 @@
 that launch/train.py reproduces."""
 
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -305,7 +306,7 @@ def test_a_slow_starter_lives_through_the_pruning_warm_up(tmp_path, prune_after,
         tuning.TuneConfig(task='synthetic', prune_after=1)
 
 
-def test_a_trial_stopped_by_a_signal_is_reported_without_its_traceback(monkeypatch):
+def test_a_trial_stopped_by_a_signal_is_reported_without_optunas_warnings(monkeypatch):
     tuning.quiet_optuna()
     tuning.quiet_optuna()  # Once is enough: no second filter, no second line.
     shown = io.StringIO()
@@ -314,16 +315,65 @@ def test_a_trial_stopped_by_a_signal_is_reported_without_its_traceback(monkeypat
     assert handlers
     for handler in handlers:
         monkeypatch.setattr(handler, 'stream', shown)
+    log = logging.getLogger('optuna.study._optimize')
     try:
         raise runtime.Terminated(signal.SIGTERM)
     except KeyboardInterrupt:
-        logging.getLogger('optuna.study._optimize').warning(
-            'Trial 3 failed because of Terminated', exc_info=True)
+        log.warning('Trial 3 failed with parameters: {} because of Terminated', exc_info=True)
+    log.warning('Trial 3 failed with value None.')
     try:
         raise ValueError('a real error')
     except ValueError:
-        logging.getLogger('optuna.study._optimize').warning('Trial 4 failed', exc_info=True)
-    interrupted, failed = shown.getvalue().split('Trial 4 failed')
-    assert interrupted.count('Trial 3 failed because of Terminated') == 1
-    assert 'Traceback' not in interrupted
-    assert 'Traceback' in failed and 'a real error' in failed  # Other errors keep theirs.
+        log.warning('Trial 4 failed with parameters: {}', exc_info=True)
+    # The trial's own line says it was interrupted and runs again.
+    assert 'Trial 3' not in shown.getvalue() and 'Traceback' in shown.getvalue()
+    assert 'a real error' in shown.getvalue()  # Other errors keep theirs.
+
+
+class _StoppedOnce:
+    """A stand-in for `api.experiment` whose first trial is stopped by SIGTERM."""
+
+    made = []
+
+    def __init__(self, *args, total_rounds=2, **settings):
+        import types
+
+        self.settings = types.SimpleNamespace(total_rounds=total_rounds)
+        self.values = settings
+        _StoppedOnce.made.append(settings)
+
+    def train(self, on_round_end):
+        if len(_StoppedOnce.made) == 1:
+            raise runtime.Terminated(signal.SIGTERM)
+        on_round_end(1, {'valid_full': {'ndcg@10': self.values['server_lr']}})
+        return {'seconds_per_round': 0.0, 'rounds': 1}
+
+
+def test_a_stopped_or_killed_trial_runs_again_with_its_settings_when_resumed(tmp_path):
+    import types
+
+    import optuna
+
+    split = types.SimpleNamespace(valid_items=[0])
+    config = tuning.TuneConfig(task='synthetic', trials=2, space=tuning.search_space(['server_lr']),
+                               start_from_auto=False)
+    _StoppedOnce.made = []
+    with pytest.raises(runtime.Terminated):
+        tuning.run_search(config, root=tmp_path, split=split, make_experiment=_StoppedOnce)
+    record = tuning.run_search(config, root=tmp_path, split=split, make_experiment=_StoppedOnce)
+    first, again = _StoppedOnce.made[:2]
+    assert again['server_lr'] == first['server_lr']
+    assert [t['trial'] for t in record['trials_this_call']] == [1, 2]
+    study = optuna.load_study(study_name=tuning.STUDY_NAME,
+                              storage=f'sqlite:///{tmp_path / tuning.STUDY_FILE}')
+    assert study.trials[0].user_attrs[tuning.INTERRUPTED]
+    assert study.trials[1].user_attrs[tuning.RETRY_OF] == 0
+    # A trial a killed search left running runs again too, once.
+    killed = study.ask()
+    killed.suggest_float('server_lr', 1e-4, 1e-1, log=True)
+    more = dataclasses.replace(config, trials=3)
+    record = tuning.run_search(more, root=tmp_path, split=split, make_experiment=_StoppedOnce)
+    assert _StoppedOnce.made[-1]['server_lr'] == killed.params['server_lr']
+    assert [t['trial'] for t in record['trials_this_call']] == [4]
+    record = tuning.run_search(more, root=tmp_path, split=split, make_experiment=_StoppedOnce)
+    assert record['trials_this_call'] == []  # Retried once: nothing queued again.

@@ -6,8 +6,9 @@ serve every trial, so a trial costs its rounds and its tracing, not a
 process start. Trials report their validation metric at every evaluation;
 Optuna's TPE sampler proposes the next settings and its median pruner stops
 trials that fall behind. The study lives in `<root>/study.db` (SQLite), so a
-search that was killed resumes where it was; trials it left unfinished are
-marked failed and run again under new numbers.
+search that was killed resumes where it was: a trial it left unfinished
+(stopped by a signal, or killed) runs again first, with the same settings
+under a new number (its partial folder stays).
 
 Why Optuna and not the google-vizier that TFF installs: Optuna's TPE and
 pruning on intermediate values are what a search of minutes-long trials
@@ -37,6 +38,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import time
 from typing import Any
 
@@ -58,6 +60,8 @@ STUDY_NAME = 'tune'
 BEST_PRESET = 'best_preset.json'
 # Whether the search reached its trials (a study runner waits on it).
 PROGRESS = 'search.json'
+# Trial attributes: stopped by a signal; the trial whose settings it runs again.
+INTERRUPTED, RETRY_OF = 'interrupted', 'retry_of'
 DEFAULT_OBJECTIVE = 'valid_full/ndcg@10'
 
 
@@ -285,25 +289,33 @@ def auto_trial(config: TuneConfig, split: Split) -> dict[str, Any]:
         config.algorithm)
 
 
-class _InterruptWithoutTraceback(logging.Filter):
-    """Optuna's warning of a trial stopped by Ctrl-C or SIGTERM, in one line.
+class _QuietInterrupts(logging.Filter):
+    """Drops Optuna's warnings of a trial stopped by Ctrl-C or SIGTERM.
 
-    The entry point says in one line that the search stopped and resumes;
-    Optuna would add the interrupted trial's traceback.
+    The entry point says in one line that the search stopped and resumes,
+    and the trial's own line says it runs again; Optuna would add two
+    warnings and the interrupted trial's traceback.
     """
 
+    def __init__(self):
+        super().__init__()
+        self._interrupted: set[str] = set()
+
     def filter(self, record: logging.LogRecord) -> bool:
+        trial = re.match(r'Trial (\d+) failed', record.getMessage())
+        if trial is None:
+            return True
         if record.exc_info and issubclass(record.exc_info[0], KeyboardInterrupt):
-            record.exc_info = record.exc_text = None
-        return True
+            self._interrupted.add(trial.group(1))
+        return trial.group(1) not in self._interrupted
 
 
 def quiet_optuna() -> None:
-    """Optuna's warnings only, an interrupted trial's without its traceback."""
+    """Optuna's warnings only, none for an interrupted trial."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for handler in logging.getLogger('optuna').handlers:
-        if not any(isinstance(f, _InterruptWithoutTraceback) for f in handler.filters):
-            handler.addFilter(_InterruptWithoutTraceback())
+        if not any(isinstance(f, _QuietInterrupts) for f in handler.filters):
+            handler.addFilter(_QuietInterrupts())
 
 
 def _open_study(root: pathlib.Path, seed: int) -> optuna.Study:
@@ -313,10 +325,24 @@ def _open_study(root: pathlib.Path, seed: int) -> optuna.Study:
         direction='maximize', load_if_exists=True,
         sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=5),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0))
-    for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        # Left running by a search that was killed: run again under a new number.
-        study.tell(stale.number, state=optuna.trial.TrialState.FAIL)
+    killed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    for trial in killed:  # Left running by a search that was killed.
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+    _retry_interrupted(study, killed={t.number for t in killed})
     return study
+
+
+def _retry_interrupted(study: optuna.Study, killed: set[int]) -> None:
+    """Queues each interrupted or killed trial's settings again, once, under
+    a new number: a stopped search resumes with the trial it was running. A
+    trial that failed on an error is not retried (it would fail again)."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get(RETRY_OF) for t in trials}
+    for t in trials:
+        if (t.state == optuna.trial.TrialState.FAIL and t.number not in retried
+                and (t.user_attrs.get(INTERRUPTED) or t.number in killed)):
+            attrs = {k: v for k, v in t.user_attrs.items() if k not in (INTERRUPTED, RETRY_OF)}
+            study.enqueue_trial(t.params, user_attrs={**attrs, RETRY_OF: t.number})
 
 
 def _finished(study: optuna.Study) -> int:
@@ -400,6 +426,10 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
         except optuna.TrialPruned:
             state = 'pruned'
             raise
+        except KeyboardInterrupt:
+            state = 'interrupted'
+            trial.set_user_attr(INTERRUPTED, True)
+            raise
         finally:
             wall = time.perf_counter() - start
             rounds_seconds = (summary['seconds_per_round'] * summary['rounds']
@@ -432,9 +462,9 @@ def _write_best(study: optuna.Study, config: TuneConfig, root: pathlib.Path,
         'finished_trials': _finished(study), 'completed_trials': len(completed),
         'trials_this_call': timings,
     }
-    walls = [t['wall_seconds'] for t in timings if t['state'] != 'failed']
+    walls = [t['wall_seconds'] for t in timings if t['state'] in ('complete', 'pruned')]
     overheads = [t['overhead_seconds'] for t in timings if t['overhead_seconds'] is not None]
-    if walls:
+    if sum(walls) > 0:
         record['trials_per_hour'] = round(3600 * len(walls) / sum(walls), 1)
     if overheads:  # A trial's wall time beyond its rounds: start-up, tracing, evaluation.
         record['mean_overhead_seconds'] = round(sum(overheads) / len(overheads), 1)

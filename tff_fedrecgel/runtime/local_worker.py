@@ -298,17 +298,24 @@ class LocalRuntime:
         When the last span open ends, the worker's executors are closed, so
         what they hold of that work (compiled computations, values) is freed
         before the next experiment: a search's trials share one worker.
-        Spans may nest and overlap (threads).
+        Spans may nest and overlap (threads). A span left by an exception
+        releases nothing: a stopped computation may still be running in
+        TFF's event-loop thread, and closing its executor under it left
+        TFF's values broken (tracebacks at exit); the next span to end
+        cleanly releases every executor.
         """
         with self._lock:
             self._users += 1
         try:
             yield self
-        finally:
+        except BaseException:
             with self._lock:
                 self._users -= 1
-                if self._users == 0:
-                    self._release_executors()
+            raise
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                self._release_executors()
 
     def stop(self) -> None:
         """Stops the worker and puts back the previous context (idempotent)."""
