@@ -488,14 +488,3 @@ def test_api_error_after_building_prints_nothing_at_exit(tmp_path):
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
     assert proc.returncode == 1 and proc.stderr.strip() == 'stopped here', proc.stderr
     assert not (tmp_path / 'run').exists()
-
-
-def test_csv_separator_is_literal(tmp_path):
-    from tff_fedrecgel.data import loaders
-
-    path = tmp_path / 'r.csv'
-    path.write_text('user(((item\n1(((2\n3(((4\n')
-    frame = loaders.load_csv(path, sep='(((')
-    assert frame['user'].tolist() == [1, 3] and frame['item'].tolist() == [2, 4]
-    path.write_text('user.item\n1.2\n')  # '.' is a dot, not "any character".
-    assert loaders.load_csv(path, sep='.')['item'].tolist() == [2]

@@ -478,13 +478,10 @@ def test_persistent_mode_learns(train_data, learn_config):
 
 def test_fedmf_variant_runs_a_round():
     """The GMF-only model (FedMF) runs a round with one local row each."""
-    config = neumf.ModelConfig(num_items=20, gmf_dim=4, use_mlp=False,
-                               mlp_layers=())
-    process = _process(config, PLAIN_WORK,
-                       server_optimizer=fedrecgel.build_server_optimizer(0.01))
+    config = neumf.ModelConfig(num_items=20, gmf_dim=4, use_mlp=False, mlp_layers=())
+    process = _process(config, PLAIN_WORK, server_optimizer=fedrecgel.build_server_optimizer(0.01))
     server = process.initialize()
-    assert [w.shape for w in server.global_weights] == [(20, 4), (4, 1),
-                                                           (1,)]
+    assert [w.shape for w in server.global_weights] == [(20, 4), (4, 1), (1,)]
     rng = np.random.default_rng(3)
     states = [_state(rng, config=config) for _ in range(2)]
     data = [_batch(rng, 15), _batch(rng, 25)]
@@ -492,26 +489,11 @@ def test_fedmf_variant_runs_a_round():
     assert metrics['clients'] == 2 and metrics['dropped_clients'] == 0
     assert np.isfinite(metrics['loss'])
     model = neumf.NeuMF(config)
-    uploads = [_plain_gradients(model, server.global_weights,
-                                s.local_weights, d)[0]
+    uploads = [_plain_gradients(model, server.global_weights, s.local_weights, d)[0]
                for s, d in zip(states, data)]
     _assert_all_close(new_server.global_weights,
-                      _adam_step(server.global_weights, _mean(uploads),
-                                 0.01))
+                      _adam_step(server.global_weights, _mean(uploads), 0.01))
     for state in new_states:
         assert len(state.local_weights) == 1
         assert state.local_weights[0].shape == (1, 4)
         assert state.adam_step == 1
-
-
-def test_checkpoints_hold_the_server_state_as_every_version_did():
-    """The distributor's and the client work's states are empty and not
-    stored: a checkpoint holds the four fields checkpoints always held, under
-    the same type name, so a run saved before the round was composed of
-    processes resumes (`tf.nest` matches named tuples by name and fields)."""
-    state = fedrecgel.ServerState('weights', 'optimizer', 'aggregator', 7)
-    stored = state.stored()
-    assert type(stored).__name__ == 'ServerState'
-    assert stored._fields == ('global_weights', 'optimizer_state', 'aggregator_state',
-                              'round_num')
-    assert fedrecgel.ServerState(*stored) == state

@@ -292,3 +292,23 @@ def test_paths_may_be_pathlike(tmp_path):
     path.write_text(_FILMTRUST)
     assert len(loaders.load_filmtrust(path)) == 6
     assert len(loaders.load_filmtrust(os.fspath(path))) == 6
+
+
+def test_csv_id_above_int64_is_said(tmp_path, caplog):
+    """One id beyond int64 turns the column to text: a warning says so."""
+    path = tmp_path / 'ratings.csv'
+    path.write_text('user,item\n1,5\n2,99999999999999999999999\n3,10\n')
+    with caplog.at_level('WARNING'):
+        frame = loaders.load_csv(path)
+    assert frame['user'].dtype == np.int64
+    assert list(frame['item']) == ['5', '99999999999999999999999', '10']
+    assert 'item id 99999999999999999999999 on line 3 does not fit in 64 bits' in caplog.text
+
+
+def test_csv_separator_is_literal(tmp_path):
+    path = tmp_path / 'r.csv'
+    path.write_text('user(((item\n1(((2\n3(((4\n')
+    frame = loaders.load_csv(path, sep='(((')
+    assert frame['user'].tolist() == [1, 3] and frame['item'].tolist() == [2, 4]
+    path.write_text('user.item\n1.2\n')  # '.' is a dot, not "any character".
+    assert loaders.load_csv(path, sep='.')['item'].tolist() == [2]

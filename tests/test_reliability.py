@@ -482,20 +482,3 @@ def test_rows_survive_in_the_checkpoint(simulation, tmp_path):
     # And what it belongs to: the split's fingerprint (and the settings given).
     record = run_record.parse_record(state['run_record'])
     assert record['data'] == split_io.split_fingerprint(simulation.split)
-
-
-# --------------------------------------------------------------------------
-# Data.
-
-
-def test_csv_id_above_int64_is_said(tmp_path, caplog):
-    """One id beyond int64 turns the column to text: a warning says so."""
-    from tff_fedrecgel.data import loaders
-
-    path = tmp_path / 'ratings.csv'
-    path.write_text('user,item\n1,5\n2,99999999999999999999999\n3,10\n')
-    with caplog.at_level('WARNING'):
-        frame = loaders.load_csv(path)
-    assert frame['user'].dtype == np.int64
-    assert list(frame['item']) == ['5', '99999999999999999999999', '10']
-    assert 'item id 99999999999999999999999 on line 3 does not fit in 64 bits' in caplog.text
