@@ -47,6 +47,7 @@ USER_ERRORS = (DataError, flags.Error, ValueError, OSError)
 _shutdown_registered = False
 _runtime = None
 _interrupted_hint = None
+_said_stopped = False
 
 
 def setup_environment() -> None:
@@ -76,7 +77,12 @@ def _stopped_line(signum: int, hint: str | None = None) -> str:
 
 
 def _print_stopped(signum: int) -> None:
-    sys.stderr.write(_stopped_line(signum, _interrupted_hint) + '\n')
+    """Says once that a signal stopped the program (a second signal, e.g.
+    during the exit hooks, ends it without a second line)."""
+    global _said_stopped
+    if not _said_stopped:
+        _said_stopped = True
+        sys.stderr.write(_stopped_line(signum, _interrupted_hint) + '\n')
     sys.stderr.flush()
 
 
@@ -156,8 +162,7 @@ def run_main(main: Callable[[list[str]], Any], *,
         except KeyboardInterrupt as e:
             logging.debug('Stopped by a signal', exc_info=True)
             signum = getattr(e, 'signum', signal.SIGINT)
-            sys.stderr.write(_stopped_line(signum, interrupted_hint) + '\n')
-            sys.stderr.flush()
+            _print_stopped(signum)
             _exit_without_finalizing(128 + signum)
 
     app.run(wrapped, flags_parser=_parse_flags)

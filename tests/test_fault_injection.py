@@ -346,3 +346,28 @@ def test_rejected_flag_does_not_poison_the_folder(tmp_path):
     run = Run(args, tmp_path / 'good.txt')
     assert run.wait() == 0, run.output()
     assert not run.workers_left()
+
+
+@pytest.mark.parametrize('second', ['while unwinding', 'after the line'])
+def test_a_second_ctrl_c_while_stopping_says_so_once(tmp_path, second):
+    """Ctrl-C pressed twice during training: one line, status 130, no
+    traceback (a second signal once broke TFF's clean-up mid-way, or printed
+    the line again from the exit hooks), and no worker left."""
+    run = Run([*TRAIN_SMALL_RUN, '--total_rounds=300', f'--root_output_dir={tmp_path}',
+               '--experiment_name=run'], tmp_path / 'out.txt')
+    metrics = tmp_path / 'run' / 'metrics.csv'
+    run.wait(timeout=240, until=lambda: metrics.exists() and len(
+        metrics.read_text().splitlines()) > 2)
+    os.kill(run.proc.pid, signal.SIGINT)
+    if second == 'while unwinding':
+        time.sleep(0.05)
+    else:
+        run.wait(timeout=120, until=lambda: _LINE[signal.SIGINT] in run.output())
+    if run.proc.poll() is None:
+        os.kill(run.proc.pid, signal.SIGINT)
+    code = run.wait(timeout=120)
+    output = run.output()
+    assert code == 128 + signal.SIGINT, output
+    assert 'Traceback' not in output and 'Exception ignored' not in output, output
+    assert output.count(_LINE[signal.SIGINT]) == 1, output
+    assert not run.workers_left()

@@ -129,3 +129,47 @@ def test_a_signal_inside_an_import_stops_the_program_after_it(tmp_path):
     finally:
         proc.kill()
     assert out.split('\n')[:2] == ['imported', f'stopped by {int(signal.SIGTERM)}'], out
+
+
+@pytest.mark.parametrize('finalizer', ['weakref', '__del__'])
+def test_a_signal_inside_a_finalizer_stops_the_program_after_it(finalizer):
+    """Python drops an exception raised in a finalizer ("Exception ignored
+    in ..."), as TFF's freeing of remote values once dropped a second
+    Ctrl-C: the signal comes again after it."""
+    script = textwrap.dedent(f'''
+        import sys, time, weakref
+        sys.path[:0] = [{REPO!r}]
+        from tff_fedrecgel import runtime
+
+        def slow():
+            print('finalizing', flush=True)
+            time.sleep(3)
+
+        class Held:
+            def __del__(self):
+                slow()
+
+        runtime.install_signal_handlers()
+        try:
+            with runtime.armed_signals():
+                held = Held()
+                if {finalizer!r} == 'weakref':
+                    weakref.finalize(held, slow)
+                    Held.__del__ = lambda self: None
+                del held
+                print('finalized', flush=True)
+                time.sleep(30)
+                print('not stopped', flush=True)
+        except KeyboardInterrupt as e:
+            print('stopped by', e.signum, flush=True)
+    ''')
+    proc = subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout.readline() == 'finalizing\n'
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=25)
+    finally:
+        proc.kill()
+    assert out.split('\n')[:2] == ['finalized', f'stopped by {int(signal.SIGTERM)}'], out + err
+    assert 'Exception ignored' not in err, err

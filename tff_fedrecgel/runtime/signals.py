@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import threading
+import weakref
 from collections.abc import Iterator
 
 
@@ -41,10 +42,12 @@ def _handle_signal(signum, frame):
     if _signal_state['depth'] > 0:
         _signal_state['pending'] = signum
         return
-    if _importing(frame):
+    if _cannot_raise_here(frame):
         # Raised inside an import, the exception can be swallowed by the
         # imported code (a stopped run then went on with a half-imported
-        # module and died on it): deliver the signal again once it is over.
+        # module and died on it); inside a finalizer (`__del__`, a weakref
+        # callback, e.g. TFF's freeing of remote values) Python prints it as
+        # "Exception ignored" and drops it: deliver the signal again later.
         timer = threading.Timer(_REDELIVER_SECONDS, os.kill, (os.getpid(), signum))
         timer.daemon = True
         timer.start()
@@ -55,10 +58,12 @@ def _handle_signal(signum, frame):
 _REDELIVER_SECONDS = 0.05
 
 
-def _importing(frame) -> bool:
-    """Whether the main thread, at `frame`, is inside an `import`."""
+def _cannot_raise_here(frame) -> bool:
+    """Whether the main thread, at `frame`, is inside an `import` or a finalizer."""
     while frame is not None:
-        if frame.f_code.co_filename.startswith('<frozen importlib'):
+        code = frame.f_code
+        if (code.co_filename.startswith('<frozen importlib') or code.co_name == '__del__'
+                or code.co_filename == weakref.__file__):
             return True
         frame = frame.f_back
     return False
