@@ -138,6 +138,7 @@ def main(argv: list[str]) -> int:
         tunable = ', '.join(m.name for m in methods.METHODS.values() if m.tunable)
         raise DataError(f'--algorithm={method.name}: the search covers {tunable}')
     fixed = _fixed_settings(task)
+    from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel import tuning  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel import tuning_frame  # pylint: disable=g-import-not-at-top
 
@@ -152,51 +153,52 @@ def main(argv: list[str]) -> int:
         tuning_frame.ceiling_config(config)  # Checked now too.
     space = config.space
     root = _ROOT_OUTPUT_DIR.value or os.path.join('runs', f'tune_{task.name}_{method.name}')
+    root_dir = os.path.abspath(root)
+    # Said before the data load; the search takes the folder's lock itself.
+    program.check_not_in_use(root_output_dir=os.path.dirname(root_dir),
+                             experiment_name=os.path.basename(root_dir),
+                             elsewhere=tuning.TUNING_FOLDER)
     split = task.load_split(data_dir=fixed['data_dir'], validation=True,
                             eval_negatives=_ranking_flags.EVAL_NEGATIVES.value,
                             **fixed['data_options'])
 
     from tff_fedrecgel import api  # pylint: disable=g-import-not-at-top
-    from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
 
-    root_dir = os.path.abspath(root)
-    with program.lock_experiment(root_output_dir=os.path.dirname(root_dir),
-                                 experiment_name=os.path.basename(root_dir)):
-        print(f'{task.name}: tuning {method.name} on {config.objective}, '
-              f'{config.trials} trials, dimensions: '
-              f'{", ".join(d.name for d in tuning.method_space(space, method.name)) or "none"}; '
-              f'folder {root_dir}', flush=True)
+    print(f'{task.name}: tuning {method.name} on {config.objective}, '
+          f'{config.trials} trials, dimensions: '
+          f'{", ".join(d.name for d in tuning.method_space(space, method.name)) or "none"}; '
+          f'folder {root_dir}', flush=True)
 
-        def trial_line(record, prefix=''):
-            state = record['state'] + (' on the wall clock' if record.get('stopped') == 'wall clock'
-                                       else '')
-            value = ('before its first evaluation' if record['value'] is None
-                     else f'{config.objective} {record["value"]:.4f}')
-            again = ('; it runs again when the search resumes'
-                     if record['state'] == 'interrupted' else '')
-            print(f'{prefix}trial {record["trial"]}: {state}, {value} '
-                  f'in {record["wall_seconds"]:.0f} s, '
-                  f'{json.dumps(record["settings"])}{again}', flush=True)
+    def trial_line(record, prefix=''):
+        state = record['state'] + (' on the wall clock' if record.get('stopped') == 'wall clock'
+                                   else '')
+        value = ('before its first evaluation' if record['value'] is None
+                 else f'{config.objective} {record["value"]:.4f}')
+        again = ('; it runs again when the search resumes'
+                 if record['state'] == 'interrupted' else '')
+        print(f'{prefix}trial {record["trial"]}: {state}, {value} '
+              f'in {record["wall_seconds"]:.0f} s, '
+              f'{json.dumps(record["settings"])}{again}', flush=True)
 
-        with api.Session():
-            record = tuning.run_search(config, root=root_dir, split=split,
-                                       make_experiment=api.experiment,
-                                       on_trial_end=trial_line)
-            if 'best_trial' in record:
-                print(f'best: trial {record["best_trial"]}, {config.objective} '
-                      f'{record["best_value"]:.4f}; preset: {record["preset_file"]}', flush=True)
-            if 'trials_per_hour' in record:
-                overhead = record.get('mean_overhead_seconds')
-                print(f'{record["trials_per_hour"]:g} trials per hour' + (
-                    '' if overhead is None else
-                    f', {overhead:g} s a finished trial beyond its rounds'), flush=True)
-            if framed:
-                print('frame: popularity, then the central model searched with the same '
-                      'budget', flush=True)
-                record['frame'] = tuning_frame.run_frame(
-                    config, root=root_dir, split=split, make_experiment=api.experiment,
-                    on_trial_end=functools.partial(trial_line, prefix='ceiling '))
-                print('\n'.join(tuning_frame.table_lines(record, record['frame'])), flush=True)
+    with api.Session():
+        record = tuning.run_search(config, root=root_dir, split=split,
+                                   make_experiment=api.experiment,
+                                   on_trial_end=trial_line)
+        if 'best_trial' in record:
+            print(f'best: trial {record["best_trial"]}, {config.objective} '
+                  f'{record["best_value"]:.4f}; preset: {record["preset_file"]}', flush=True)
+        if 'trials_per_hour' in record:
+            overhead = record.get('mean_overhead_seconds')
+            print(f'{record["trials_per_hour"]:g} trials per hour' + (
+                '' if overhead is None else
+                f', {overhead:g} s a finished trial beyond its rounds'), flush=True)
+        if framed:
+            print('frame: popularity, then the central model searched with the same '
+                  'budget', flush=True)
+            record['frame'] = tuning_frame.run_frame(
+                config, root=root_dir, split=split, make_experiment=api.experiment,
+                on_trial_end=functools.partial(trial_line, prefix='ceiling '))
+            print('\n'.join(tuning_frame.table_lines(record, record['frame'])), flush=True)
     print(json.dumps(record), flush=True)
     return 0
 

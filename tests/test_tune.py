@@ -377,3 +377,21 @@ def test_a_stopped_or_killed_trial_runs_again_with_its_settings_when_resumed(tmp
     assert [t['trial'] for t in record['trials_this_call']] == [4]
     record = tuning.run_search(more, root=tmp_path, split=split, make_experiment=_StoppedOnce)
     assert record['trials_this_call'] == []  # Retried once: nothing queued again.
+
+
+def test_a_search_refuses_a_folder_another_search_holds(tmp_path):
+    """The API's search locks its folder as the command's does."""
+    import types
+
+    from tff_fedrecgel import program
+
+    config = tuning.TuneConfig(task='synthetic', trials=1, space=tuning.search_space(['server_lr']),
+                               start_from_auto=False)
+    split = types.SimpleNamespace(valid_items=[0])
+    with program.lock_experiment(root_output_dir=tmp_path, experiment_name='search'):
+        with pytest.raises(program.ExperimentLockedError,
+                           match=r'in use by pid .*; wait for that run to end or use another '
+                                 r'tuning folder \(--root_output_dir\)'):
+            tuning.run_search(config, root=tmp_path / 'search', split=split,
+                              make_experiment=_StoppedOnce)
+    assert not (tmp_path / 'search' / tuning.STUDY_FILE).exists()

@@ -60,6 +60,8 @@ STUDY_NAME = 'tune'
 BEST_PRESET = 'best_preset.json'
 # Whether the search reached its trials (a study runner waits on it).
 PROGRESS = 'search.json'
+# What the refusal of a folder another search holds tells the user to change.
+TUNING_FOLDER = 'tuning folder (--root_output_dir)'
 # Trial attributes: stopped by a signal; the trial whose settings it runs again.
 INTERRUPTED, RETRY_OF = 'interrupted', 'retry_of'
 DEFAULT_OBJECTIVE = 'valid_full/ndcg@10'
@@ -373,11 +375,20 @@ def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
 
     Raises:
       DataError: If the split has no validation item.
+      ExperimentLockedError: If another process is running a search in `root`.
     """
     if split.valid_items is None:
         raise DataError('the search ranks trials on the validation item: load the split '
                         'with validation')
     root = pathlib.Path(root)
+    with outputs.lock_experiment(root_output_dir=root.parent, experiment_name=root.name,
+                                 elsewhere=TUNING_FOLDER):
+        return _search(config, root, split, make_experiment, on_trial_end)
+
+
+def _search(config: TuneConfig, root: pathlib.Path, split: Split,
+            make_experiment: Callable[..., Any],
+            on_trial_end: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
     (root / 'trials').mkdir(parents=True, exist_ok=True)
     study = _open_study(root, config.seed)
     if config.start_from_auto and not study.get_trials(deepcopy=False):

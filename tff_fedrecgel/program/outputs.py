@@ -39,6 +39,8 @@ RESUMABLE_CHANGES = frozenset(
     {'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint', 'progress',
      'simulation', 'max_group_examples', 'early_stopping_patience'}
 )
+# What a refusal of a busy run folder tells the user to change.
+_ELSEWHERE = '--experiment_name'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,13 +144,15 @@ class ExperimentLock:
 
 
 def lock_experiment(
-    *, root_output_dir: str | os.PathLike, experiment_name: str
+    *, root_output_dir: str | os.PathLike, experiment_name: str,
+    elsewhere: str = _ELSEWHERE
 ) -> ExperimentLock:
     """Creates the experiment folder and locks it for this process.
 
     Args:
       root_output_dir: The root of all experiments.
       experiment_name: This experiment's folder name.
+      elsewhere: What the refusal of a busy folder tells the user to change.
 
     Returns:
       The held `ExperimentLock` (a context manager releasing it).
@@ -180,7 +184,7 @@ def lock_experiment(
         if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
             raise ExperimentLockedError(
                 f'{root} is in use by {holder}; wait for that run to end or use '
-                'another --experiment_name') from None
+                f'another {elsewhere}') from None
         raise OSError(f'cannot lock {paths.lock}: {e.strerror or e}') from e
     started = datetime.datetime.now().astimezone().isoformat(timespec='seconds')
     try:
@@ -216,10 +220,16 @@ def check_output_root(root_output_dir: str | os.PathLike | None) -> None:
         raise OSError(f'cannot create output folder {path}: {existing} is not writable')
 
 
-def check_not_in_use(*, root_output_dir: str | os.PathLike, experiment_name: str) -> None:
+def check_not_in_use(*, root_output_dir: str | os.PathLike, experiment_name: str,
+                     elsewhere: str = _ELSEWHERE) -> None:
     """Refuses at once a folder another live run holds, creating nothing (so
     a busy folder is said before the data load and TensorFlow's import;
     `lock_experiment` takes the lock itself later).
+
+    Args:
+      root_output_dir: The root of all experiments.
+      experiment_name: This experiment's folder name.
+      elsewhere: What the refusal tells the user to change.
 
     Raises:
       ExperimentLockedError: If another live process holds the folder.
@@ -241,7 +251,7 @@ def check_not_in_use(*, root_output_dir: str | os.PathLike, experiment_name: str
                 holder = ' '.join(handle.read().split()) or 'another process'
                 raise ExperimentLockedError(
                     f'{root} is in use by {holder}; wait for that run to end or use '
-                    'another --experiment_name') from None
+                    f'another {elsewhere}') from None
             return
         fcntl.flock(handle, fcntl.LOCK_UN)
 
