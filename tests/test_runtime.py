@@ -95,6 +95,38 @@ def test_entry_points_restore_sigint_for_the_worker():
     assert 'ignored before: True' in out and 'handled after: True' in out
 
 
+def _sigterm_during(slow: str, *, setup: str = '', path: tuple[str, ...] = ()):
+    """Runs `slow` (code that prints a line, then takes 3 s) with the signal
+    handlers armed and sends SIGTERM once the line is out.
+
+    Returns:
+      The rest of stdout (`after` once `slow` is over, then how the program
+      stopped) and stderr.
+    """
+    script = '\n'.join([
+        'import sys, time, weakref',
+        f'sys.path[:0] = {[REPO, *path]!r}',
+        'from tff_fedrecgel import runtime',
+        textwrap.dedent(setup),
+        'runtime.install_signal_handlers()',
+        'try:',
+        '    with runtime.armed_signals():',
+        textwrap.indent(textwrap.dedent(slow).strip(), ' ' * 8),
+        "        print('after', flush=True)",
+        '        time.sleep(30)',
+        "        print('not stopped', flush=True)",
+        'except KeyboardInterrupt as e:',
+        "    print('stopped by', e.signum, flush=True)"])
+    proc = subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout.readline(), proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        return proc.communicate(timeout=25)
+    finally:
+        proc.kill()
+
+
 def test_a_signal_inside_an_import_stops_the_program_after_it(tmp_path):
     """Imported code may swallow the exception a signal raises (a stopped
     run once went on, half imported): the signal comes again after it."""
@@ -106,70 +138,29 @@ def test_a_signal_inside_an_import_stops_the_program_after_it(tmp_path):
         except BaseException:
             pass
     '''))
-    script = textwrap.dedent(f'''
-        import sys, time
-        sys.path[:0] = [{REPO!r}, {str(tmp_path)!r}]
-        from tff_fedrecgel import runtime
-        runtime.install_signal_handlers()
-        try:
-            with runtime.armed_signals():
-                import swallowing
-                print('imported', flush=True)
-                time.sleep(30)
-                print('not stopped', flush=True)
-        except KeyboardInterrupt as e:
-            print('stopped by', e.signum, flush=True)
-    ''')
-    proc = subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True)
-    try:
-        assert proc.stdout.readline() == 'importing\n'
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=25)
-    finally:
-        proc.kill()
-    assert out.split('\n')[:2] == ['imported', f'stopped by {int(signal.SIGTERM)}'], out
+    out, err = _sigterm_during('import swallowing', path=(str(tmp_path),))
+    assert out.split('\n')[:2] == ['after', f'stopped by {int(signal.SIGTERM)}'], out + err
 
 
-@pytest.mark.parametrize('finalizer', ['weakref', '__del__'])
+_SLOW_FINALIZER = '''
+    def slow():
+        print('finalizing', flush=True)
+        time.sleep(3)
+
+    class Held:
+        def __del__(self):
+            slow()
+'''
+
+
+@pytest.mark.parametrize('finalizer', [
+    'held = Held()\nweakref.finalize(held, slow)\nHeld.__del__ = lambda self: None\ndel held',
+    'held = Held()\ndel held',
+], ids=['weakref', '__del__'])
 def test_a_signal_inside_a_finalizer_stops_the_program_after_it(finalizer):
     """Python drops an exception raised in a finalizer ("Exception ignored
     in ..."), as TFF's freeing of remote values once dropped a second
     Ctrl-C: the signal comes again after it."""
-    script = textwrap.dedent(f'''
-        import sys, time, weakref
-        sys.path[:0] = [{REPO!r}]
-        from tff_fedrecgel import runtime
-
-        def slow():
-            print('finalizing', flush=True)
-            time.sleep(3)
-
-        class Held:
-            def __del__(self):
-                slow()
-
-        runtime.install_signal_handlers()
-        try:
-            with runtime.armed_signals():
-                held = Held()
-                if {finalizer!r} == 'weakref':
-                    weakref.finalize(held, slow)
-                    Held.__del__ = lambda self: None
-                del held
-                print('finalized', flush=True)
-                time.sleep(30)
-                print('not stopped', flush=True)
-        except KeyboardInterrupt as e:
-            print('stopped by', e.signum, flush=True)
-    ''')
-    proc = subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    try:
-        assert proc.stdout.readline() == 'finalizing\n'
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=25)
-    finally:
-        proc.kill()
-    assert out.split('\n')[:2] == ['finalized', f'stopped by {int(signal.SIGTERM)}'], out + err
+    out, err = _sigterm_during(finalizer, setup=_SLOW_FINALIZER)
+    assert out.split('\n')[:2] == ['after', f'stopped by {int(signal.SIGTERM)}'], out + err
     assert 'Exception ignored' not in err, err
