@@ -121,6 +121,7 @@ def test_a_span_stopped_by_a_signal_leaves_the_executors_to_the_next_span(tff_ru
 
     tff_runtime.install()
     factory = tff.framework.get_context_stack().current.executor_factory
+    factory.release()  # What earlier tests of the session left.
     with pytest.raises(KeyboardInterrupt):
         with tff_runtime.in_use():
             assert total([1.0, 2.0]) == pytest.approx(3.0)

@@ -292,12 +292,8 @@ def auto_trial(config: TuneConfig, split: Split) -> dict[str, Any]:
 
 
 class _QuietInterrupts(logging.Filter):
-    """Drops Optuna's warnings of a trial stopped by Ctrl-C or SIGTERM.
-
-    The entry point says in one line that the search stopped and resumes,
-    and the trial's own line says it runs again; Optuna would add two
-    warnings and the interrupted trial's traceback.
-    """
+    """Drops Optuna's two warnings (and traceback) of a trial stopped by a
+    signal: the trial's own line says it runs again when the search resumes."""
 
     def __init__(self):
         super().__init__()
