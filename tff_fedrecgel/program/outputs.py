@@ -143,6 +143,11 @@ class ExperimentLock:
         self.release()
 
 
+def _in_use(root: pathlib.Path, holder: str, elsewhere: str) -> ExperimentLockedError:
+    return ExperimentLockedError(f'{root} is in use by {holder}; wait for that run to end or '
+                                 f'use another {elsewhere}')
+
+
 def lock_experiment(
     *, root_output_dir: str | os.PathLike, experiment_name: str,
     elsewhere: str = _ELSEWHERE
@@ -182,9 +187,7 @@ def lock_experiment(
         holder = ' '.join(handle.read().split()) or 'another process'
         handle.close()
         if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
-            raise ExperimentLockedError(
-                f'{root} is in use by {holder}; wait for that run to end or use '
-                f'another {elsewhere}') from None
+            raise _in_use(root, holder, elsewhere) from None
         raise OSError(f'cannot lock {paths.lock}: {e.strerror or e}') from e
     started = datetime.datetime.now().astimezone().isoformat(timespec='seconds')
     try:
@@ -249,9 +252,7 @@ def check_not_in_use(*, root_output_dir: str | os.PathLike, experiment_name: str
         except OSError as e:
             if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
                 holder = ' '.join(handle.read().split()) or 'another process'
-                raise ExperimentLockedError(
-                    f'{root} is in use by {holder}; wait for that run to end or use '
-                    f'another {elsewhere}') from None
+                raise _in_use(root, holder, elsewhere) from None
             return
         fcntl.flock(handle, fcntl.LOCK_UN)
 
