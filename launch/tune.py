@@ -15,10 +15,10 @@ stopped or killed. Settings given as flags are fixed for every trial and
 left out of the search; `--space` narrows it further. The best trial's
 settings are written to <root_output_dir>/best_preset.json, which
 `launch/train.py --preset=PATH` and the API's `preset=PATH` accept. Then,
-unless `--noframe`, item popularity trains on the same split
-(<root_output_dir>/floor) and the central model is searched with the same
-trials and budget (<root_output_dir>/ceiling), and one table sets the tuned
-method between the two at their validation-selected rounds. The last
+unless `--noframe`, the central model is searched with the same trials and
+budget (<root_output_dir>/ceiling), and one table sets the tuned method
+between item popularity on the same split (which every run's summary
+carries) and that ceiling, at their validation-selected rounds. The last
 printed line is the search's record as one JSON object.
 """
 
@@ -86,9 +86,9 @@ _ROUNDS_PER_FULL_EVAL = flags.DEFINE_integer(
     'rounds_per_full_eval', None, 'Full-ranking evaluation every this many rounds '
     '(default: every round).')
 _FRAME = flags.DEFINE_bool(
-    'frame', True, 'After the search: item popularity (<folder>/floor) and the central '
-    'model searched with the same trials and budget (<folder>/ceiling), and one table '
-    'of the three at their validation-selected rounds.')
+    'frame', True, 'After the search: the central model searched with the same trials '
+    'and budget (<folder>/ceiling), and one table of the tuned method between item '
+    'popularity and it, at their validation-selected rounds.')
 _START_FROM_AUTO = flags.DEFINE_bool(
     'start_from_auto', recipes.TUNER_STARTS_FROM_AUTO, 'A new search\'s first trial is '
     'the --preset=auto recipe for this data (within the searched settings), so the '
@@ -193,8 +193,7 @@ def main(argv: list[str]) -> int:
                 '' if overhead is None else
                 f', {overhead:g} s a finished trial beyond its rounds'), flush=True)
         if framed:
-            print('frame: popularity, then the central model searched with the same '
-                  'budget', flush=True)
+            print('frame: the central model searched with the same budget', flush=True)
             record['frame'] = tuning_frame.run_frame(
                 config, root=root_dir, split=split, make_experiment=api.experiment,
                 on_trial_end=functools.partial(trial_line, prefix='ceiling '))

@@ -198,11 +198,14 @@ def test_api_tune_runs_the_same_search(tmp_path):
     ceiling = record['frame']['ceiling']
     assert ceiling['finished_trials'] == 1 and ceiling['algorithm'] == 'central'
     assert set(ceiling['best_settings']) == {'total_rounds', 'num_negatives', 'local_lr'}
-    floor = json.loads((tmp_path / 'search' / 'floor' / 'summary.json').read_text())
+    # The floor is the popularity the best trial's summary carries (what
+    # --algorithm=itempop reaches: test_popularity_floor.py); nothing trains it.
+    floor = json.loads((pathlib.Path(record['best_run_dir']) / 'summary.json').read_text())
     popularity = record['table'][2].split(' | ')
     assert popularity[0] == '| popularity'
-    assert popularity[1] == f'{floor["selections"]["valid"]["test/hr@10"]:.4f}'
-    assert popularity[4] == f'{floor["selections"]["valid_full"]["test_full/hr@10"]:.4f}'
+    assert popularity[1] == f'{floor["popularity"]["test/hr@10"]:.4f}'
+    assert popularity[4] == f'{floor["popularity"]["test_full/hr@10"]:.4f}'
+    assert not (tmp_path / 'search' / 'floor').exists()
     preset = json.loads((tmp_path / 'search' / tuning.BEST_PRESET).read_text())
     assert set(preset['settings']) == {'total_rounds', 'server_lr'}
     # What a study runner waits on: the search reached its trials.

@@ -5,21 +5,32 @@ import json
 from tff_fedrecgel import tuning_frame
 
 
-def _run(folder, hr_sampled, hr_full):
+def _metrics(hr_sampled, hr_full):
+    return {'test/hr@10': hr_sampled, 'test/ndcg@10': hr_sampled / 2,
+            'test_full/hr@10': hr_full, 'test_full/ndcg@10': hr_full / 2}
+
+
+def _run(folder, hr_sampled, hr_full, popularity=(0.6, 0.1)):
+    """A run folder's summary: its selections and the popularity floor
+    every run carries."""
     folder.mkdir()
-    (folder / 'summary.json').write_text(json.dumps({'selections': {
-        'valid': {'test/hr@10': hr_sampled, 'test/ndcg@10': hr_sampled / 2},
-        'valid_full': {'test_full/hr@10': hr_full, 'test_full/ndcg@10': hr_full / 2}}}))
+    metrics = _metrics(hr_sampled, hr_full)
+    (folder / 'summary.json').write_text(json.dumps({
+        'selections': {'valid': {k: v for k, v in metrics.items() if k.startswith('test/')},
+                       'valid_full': {k: v for k, v in metrics.items()
+                                      if k.startswith('test_full/')}},
+        'popularity': _metrics(*popularity)}))
     return str(folder)
 
 
 def test_the_gap_is_closed_against_the_tuned_ceiling(tmp_path):
-    frame = {'floor': _run(tmp_path / 'floor', 0.6, 0.1),
-             'ceiling': {'finished_trials': 2, 'best_trial': 1,
+    frame = {'ceiling': {'finished_trials': 2, 'best_trial': 1,
                          'best_run_dir': _run(tmp_path / 'ceiling', 0.9, 0.5)}}
     search = {'algorithm': 'fedrecgel', 'best_trial': 7,
               'best_run_dir': _run(tmp_path / 'best', 0.75, 0.4)}
     lines = tuning_frame.table_lines(search, frame)
+    # The floor is the popularity every run's summary carries.
+    assert lines[2].startswith('| popularity | 0.6000 | 0.3000 | — |')
     assert lines[-1].startswith('| fedrecgel (tuned, trial 7) | 0.7500 | 0.3750 | 0.50 |')
     assert lines[-1].endswith('| 0.4000 | 0.2000 | 0.75 |')
     assert not any(line.startswith('no ceiling') for line in lines)
@@ -27,8 +38,7 @@ def test_the_gap_is_closed_against_the_tuned_ceiling(tmp_path):
 
 def test_a_ceiling_search_with_no_trial_run_to_its_end_says_so(tmp_path):
     # What a large log gives when every central trial is stopped on the wall clock.
-    frame = {'floor': _run(tmp_path / 'floor', 0.6, 0.1),
-             'ceiling': {'finished_trials': 3, 'completed_trials': 0}}
+    frame = {'ceiling': {'finished_trials': 3, 'completed_trials': 0}}
     search = {'algorithm': 'fedrecgel', 'best_trial': 7,
               'best_run_dir': _run(tmp_path / 'best', 0.75, 0.4)}
     lines = tuning_frame.table_lines(search, frame)

@@ -412,8 +412,9 @@ def tune(task: str, *, root: str | os.PathLike, trials: int = recipes.TUNER_TRIA
         rounds).
       algorithm: The method tuned (a method whose spec is `tunable`).
       seed: Seed of the sampler and of every trial.
-      frame: Then train item popularity and search the central model with
-        the same trials and budget (`tuning_frame`), unless tuning it.
+      frame: Then search the central model with the same trials and budget
+        and set the tuned method between popularity and it
+        (`tuning_frame`), unless tuning it.
       start_from_auto: A new search's first trial is the `auto` recipe.
       prune_after: The share of a trial's rounds it runs before the pruner
         may stop it on its metric.
@@ -422,8 +423,8 @@ def tune(task: str, *, root: str | os.PathLike, trials: int = recipes.TUNER_TRIA
 
     Returns:
       The search's record; its `preset_file` is a preset `settings` accepts;
-      with `frame`, its `frame` holds the floor's folder and the ceiling's
-      search, and `table` the comparison (`tuning_frame.table_lines`).
+      with `frame`, its `frame` holds the ceiling's search, and `table`
+      the comparison (`tuning_frame.table_lines`).
     """
     from tff_fedrecgel import tuning  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel import tuning_frame  # pylint: disable=g-import-not-at-top

@@ -1,12 +1,14 @@
 """The frame of a search: the floor and a ceiling tuned with the same budget.
 
-A tuned method's figure means little alone. `run_frame` trains item
-popularity on the search's split (the floor, `<root>/floor`) and searches the
-central NeuMF with the same tuner, trials and time budget (the fair ceiling,
+A tuned method's figure means little alone. `run_frame` searches the central
+NeuMF with the same tuner, trials and time budget (the fair ceiling,
 `<root>/ceiling`, a search of its own that resumes as the main one does).
-`table_lines` then sets the three side by side: test metrics at the round each
-run chose on the validation item, under each protocol the search evaluated,
-and the share of the floor-to-ceiling gap the tuned method closes.
+`table_lines` then sets the tuned method between the floor and that ceiling:
+test metrics at the round each run chose on the validation item, under each
+protocol the search evaluated, and the share of the floor-to-ceiling gap the
+tuned method closes. The floor is item popularity on the search's split,
+which every run's summary already carries (`summary['popularity']`, the
+figure `--algorithm=itempop` reaches), so it trains nothing of its own.
 """
 
 from __future__ import annotations
@@ -18,13 +20,12 @@ import pathlib
 from typing import Any
 
 from tff_fedrecgel import methods
-from tff_fedrecgel import recipes
 from tff_fedrecgel import tuning
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.evaluation import protocols
 
-FLOOR_DIR, CEILING_DIR = 'floor', 'ceiling'
-FLOOR, CEILING = methods.ITEMPOP, methods.CENTRAL
+CEILING_DIR = 'ceiling'
+CEILING = methods.CENTRAL
 # The central model's epochs (a round is an epoch): full-ranking metrics keep
 # rising for about this long on the paper's datasets (docs/RESULTS.md). A
 # search with fewer rounds per trial gives its ceiling as few.
@@ -56,7 +57,7 @@ def run_frame(config: tuning.TuneConfig, *, root: str | pathlib.Path, split: Spl
               make_experiment: Callable[..., Any],
               on_trial_end: Callable[[dict[str, Any]], None] | None = None
               ) -> dict[str, Any]:
-    """Trains the floor and searches the ceiling (both resume).
+    """Searches the ceiling (it resumes).
 
     Args:
       config: The main search.
@@ -66,21 +67,31 @@ def run_frame(config: tuning.TuneConfig, *, root: str | pathlib.Path, split: Spl
       on_trial_end: Called with each ceiling trial's record.
 
     Returns:
-      `{'floor': run folder, 'ceiling': the ceiling search's record}`.
+      `{'ceiling': the ceiling search's record}`.
     """
-    root = pathlib.Path(root)
-    floor_dir = root / FLOOR_DIR
-    make_experiment(config.task, run_dir=floor_dir, split=split, algorithm=FLOOR,
-                    preset=recipes.PAPER, validation=True, eval_protocol=config.eval_protocol,
-                    seed=config.seed, **_shared(config.base, FLOOR)).train()
-    ceiling = tuning.run_search(ceiling_config(config), root=root / CEILING_DIR, split=split,
-                                make_experiment=make_experiment, on_trial_end=on_trial_end)
-    return {'floor': str(floor_dir), 'ceiling': ceiling}
+    ceiling = tuning.run_search(ceiling_config(config), root=pathlib.Path(root) / CEILING_DIR,
+                                split=split, make_experiment=make_experiment,
+                                on_trial_end=on_trial_end)
+    return {'ceiling': ceiling}
+
+
+def _summary(run_dir: str | pathlib.Path | None) -> dict[str, Any]:
+    path = pathlib.Path(run_dir) / 'summary.json' if run_dir else None
+    return json.loads(path.read_text()) if path and path.exists() else {}
 
 
 def _selections(run_dir: str | pathlib.Path) -> dict[str, Any]:
-    path = pathlib.Path(run_dir) / 'summary.json'
-    return json.loads(path.read_text()).get('selections', {}) if path.exists() else {}
+    return _summary(run_dir).get('selections', {})
+
+
+def _popularity(*run_dirs: str | None) -> dict[str, Any]:
+    """The floor as a selections record: popularity does not change over
+    rounds, so every selection of it is the summary's one figure."""
+    for run_dir in run_dirs:
+        floor = _summary(run_dir).get('popularity')
+        if floor:
+            return {selection: floor for selection, _, _ in _SELECTIONS}
+    return {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +117,8 @@ def table_lines(search: Mapping[str, Any], frame: Mapping[str, Any]) -> list[str
       no central trial ran to its end, a line saying there is no ceiling.
     """
     ceiling = frame['ceiling']
-    rows = [_Row('popularity', _selections(frame['floor']))]
+    rows = [_Row('popularity', _popularity(search.get('best_run_dir'),
+                                           ceiling.get('best_run_dir')))]
     if 'best_run_dir' in ceiling:
         rows.append(_Row(f'central NeuMF (tuned, trial {ceiling["best_trial"]})',
                          _selections(ceiling['best_run_dir'])))
