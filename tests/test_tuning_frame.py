@@ -47,3 +47,15 @@ def test_a_ceiling_search_with_no_trial_run_to_its_end_says_so(tmp_path):
     assert lines[3].endswith('| — |')  # No gap without a ceiling.
     assert lines[-1].startswith("no ceiling: none of the central model's 3 trials ran")
     assert '--trial_minutes' in lines[-1]
+
+
+def test_the_floor_gives_only_the_protocols_the_runs_evaluated(tmp_path):
+    best = tmp_path / 'best'
+    best.mkdir()
+    (best / 'summary.json').write_text(json.dumps({
+        'selections': {'valid': {'test/hr@10': 0.7, 'test/ndcg@10': 0.35}},
+        'popularity': {'test/hr@10': 0.6, 'test/ndcg@10': 0.3}}))
+    search = {'algorithm': 'fedrecgel', 'best_trial': 0, 'best_run_dir': str(best)}
+    lines = tuning_frame.table_lines(search, {'ceiling': {'finished_trials': 1}})
+    assert lines[0] == '| run | test HR@10 sampled | test NDCG@10 sampled | gap closed sampled |'
+    assert lines[2] == '| popularity | 0.6000 | 0.3000 | — |'

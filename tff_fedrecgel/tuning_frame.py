@@ -90,7 +90,8 @@ def _popularity(*run_dirs: str | None) -> dict[str, Any]:
     for run_dir in run_dirs:
         floor = _summary(run_dir).get('popularity')
         if floor:
-            return {selection: floor for selection, _, _ in _SELECTIONS}
+            return {selection: floor for selection, group, _ in _SELECTIONS
+                    if f'{group}/hr@10' in floor}
     return {}
 
 
