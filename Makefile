@@ -50,7 +50,7 @@ venv: $(STAMP)
 # item, under full ranking too, printed beside item popularity's.
 run: $(STAMP)
 	$(PY) launch/train.py --task=synthetic --root_output_dir=runs --experiment_name=default \
-	    --total_rounds=100 --validation --eval_protocol=both --rounds_per_full_eval=5
+	    --validation --eval_protocol=both --rounds_per_full_eval=5
 
 # Two pytest workers (pytest-xdist): most tests start launch/train.py, whose
 # TF/TFF import is single-threaded; 646 s instead of 1159 s on 2 cores.
