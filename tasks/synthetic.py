@@ -11,8 +11,8 @@ TASK = Task(
     raw_file=None,
     rho_sh=0.01,
     rho_ns=0.05,
-    # The task's rounds are every task's (100): `auto`, its default, was chosen on
-    # runs that long, and does not learn in 20 (below popularity under full ranking).
+    # Every task's rounds (tasks.DEFAULT_ROUNDS): `auto`, its default preset, was
+    # chosen on runs that long, and in 20 it stays below popularity (full ranking).
     client_fraction=0.1,
     description='Synthetic latent-factor log (500 users, 400 items default).',
     default_preset=recipes.AUTO,
