@@ -8,7 +8,9 @@ the other datasets' validation items, never on a test item, and measured on
 the one left out. A candidate's training negatives may follow the data by
 the rule of `recipes.auto_negatives`. A `Rule` candidate picks one of two
 recipes by the data's interactions per user; it runs nothing of its own: on
-each dataset it is the run of the recipe it picks there.
+each dataset it is the run of the recipe it picks there. A second rule is
+the first run for `recipes.AUTO_VALIDATED_ROUNDS` rounds; its recipes run
+only where it picks them.
 
 Where a candidate's settings on a paper dataset equal that dataset's tuned
 preset in everything that shapes the training users' model, the recipe
@@ -83,6 +85,13 @@ class Candidate:
     description: str
     settings: Mapping[str, Any]
     negatives_per_user: float | None = None
+    rounds: int = ROUNDS
+
+    def longer(self, rounds: int) -> 'Candidate':
+        """The same recipe run for `rounds` rounds (its round chosen on the
+        validation item, as every run of the study)."""
+        return dataclasses.replace(self, name=f'{self.name}r{rounds}', rounds=rounds,
+                                   description=f'{self.description}, {rounds} rounds')
 
     def settings_for(self, profile: recipes.DataProfile) -> dict[str, Any]:
         out = dict(self.settings)
@@ -123,9 +132,14 @@ EPOCHS = Candidate(
     f'{recipes.AUTO_EPOCHS_NEGATIVES:g} / interactions per user', recipes.AUTO_EPOCHS,
     recipes.AUTO_EPOCHS_NEGATIVES)
 CANDIDATES = (GRADIENT, EPOCHS)
-# The rule `--preset=auto` is (`recipes.auto_recipe`). Last: on a tie the
-# plain recipe is chosen.
-RULES = (Rule(f'h{recipes.AUTO_LONG_HISTORY:g}', EPOCHS, GRADIENT, recipes.AUTO_LONG_HISTORY),)
+# The rule `--preset=auto` is (`recipes.auto_recipe`), then the same with a
+# validation item's longer runs (they run only where the rule picks them).
+# Last: on a tie the plain recipe, then the shorter runs, are chosen.
+_LONG = recipes.AUTO_VALIDATED_ROUNDS
+LONG_CANDIDATES = tuple(c.longer(_LONG) for c in CANDIDATES)
+RULES = (Rule(f'h{recipes.AUTO_LONG_HISTORY:g}', EPOCHS, GRADIENT, recipes.AUTO_LONG_HISTORY),
+         Rule(f'h{recipes.AUTO_LONG_HISTORY:g}r{_LONG}', EPOCHS.longer(_LONG),
+              GRADIENT.longer(_LONG), recipes.AUTO_LONG_HISTORY))
 CHOICES = (*CANDIDATES, *RULES)
 
 
@@ -170,10 +184,8 @@ def transfer_plan(profiles: Mapping[str, recipes.DataProfile], seeds: int = SEED
             for candidate in CANDIDATES:
                 if seed and (candidate != auto or same_as_tuned(dataset, candidate, profile)):
                     continue  # Seed 0 chooses; more seeds measure the choice.
-                runs.append(study.Run(
-                    name=f'{dataset.key}/{candidate.name}_seed{seed}', method='fedrecgel',
-                    seed=seed, extra=(*dataset.flags(), *candidate.run_flags(profile)),
-                    **common))
+                runs.append(_candidate_run(dataset, candidate, seed, profile, common))
+            runs.append(_candidate_run(dataset, RULES[-1].pick(profile), seed, profile, common))
             if dataset.options:
                 # As the recipe study's: the paper's settings (4 negatives).
                 paper = (*dataset.flags(), '--preset=paper')
@@ -185,6 +197,13 @@ def transfer_plan(profiles: Mapping[str, recipes.DataProfile], seeds: int = SEED
                                     'rounds_per_full_eval': 1}))
     # Seed 0 everywhere first; FilmTrust, which neither chooses nor counts, last.
     return sorted(runs, key=lambda run: (run.dataset == 'filmtrust', run.seed))
+
+
+def _candidate_run(dataset: Dataset, candidate: Candidate, seed: int,
+                   profile: recipes.DataProfile, common: Mapping[str, Any]) -> study.Run:
+    return study.Run(name=f'{dataset.key}/{candidate.name}_seed{seed}', method='fedrecgel',
+                     seed=seed, extra=(*dataset.flags(), *candidate.run_flags(profile)),
+                     **{**common, 'total_rounds': candidate.rounds})
 
 
 def selected(metrics_csv: pathlib.Path) -> dict[str, float] | None:
@@ -211,7 +230,7 @@ def collect(root: pathlib.Path, kept: pd.DataFrame | None = None) -> pd.DataFram
     whose folders are gone."""
     rows = []
     for dataset in KEYS:
-        for name in (*(c.name for c in CANDIDATES), *BASELINES):
+        for name in (*(c.name for c in CANDIDATES + LONG_CANDIDATES), *BASELINES):
             for path in sorted((root / dataset).glob(f'{name}_seed*/metrics.csv')):
                 values = selected(path)
                 if values and (path.parent / 'summary.json').exists():
@@ -373,7 +392,7 @@ def report_lines(runs: pd.DataFrame, recipe_rows: pd.DataFrame,
                 seeds = f'{record["n"]} seed{"s" * (record["n"] > 1)}'
                 lines.append(f'| {TITLES[key]} | {history} | {label} ({seeds}) | | '
                              f'{record["test_hr"]:.4f} | {record["test_full_hr"]:.4f} | |')
-        for candidate in CANDIDATES:
+        for candidate in CANDIDATES + LONG_CANDIDATES:
             row = runs_of(runs, candidate, key, profiles)
             row = row[(row.seed == 0) & row.valid_full_hr.notna()] if len(row) else row
             if len(row):

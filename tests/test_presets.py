@@ -58,6 +58,33 @@ def test_the_branch_follows_the_history_length_at_its_threshold():
     assert recipes.auto_recipe(None) == {}
 
 
+def test_with_a_validation_item_auto_runs_longer_and_says_so():
+    plain = _profile(100, 1000)
+    validated = recipes.DataProfile(users=100, items=1000, interactions=1000, validated=True)
+    assert 'total_rounds' not in recipes.auto_recipe(plain)
+    assert recipes.auto_recipe(validated)['total_rounds'] == recipes.AUTO_VALIDATED_ROUNDS
+    run = run_settings.settings('synthetic', data_profile=validated, validation=True)
+    assert run.total_rounds == recipes.AUTO_VALIDATED_ROUNDS
+    assert run_settings.settings('synthetic', data_profile=plain).total_rounds == 100
+    for baseline in ('central', 'itempop'):  # A round is an epoch, or counts nothing.
+        assert run_settings.settings('synthetic', algorithm=baseline, data_profile=validated,
+                                     validation=True).total_rounds == 100
+    # An explicit value wins.
+    assert run_settings.settings('synthetic', data_profile=validated, validation=True,
+                                 total_rounds=7).total_rounds == 7
+    line = setting_changes.preset_banner(run, validated)
+    assert f'total_rounds 100 -> {recipes.AUTO_VALIDATED_ROUNDS}' in line
+    assert f'a validation item: {recipes.AUTO_VALIDATED_ROUNDS} rounds' in line
+
+
+def test_the_profile_of_a_split_says_whether_it_holds_validation_items():
+    from tff_fedrecgel import tasks
+    spec = tasks.get_task('synthetic')
+    options = dict(num_users=60, num_items=300)
+    assert not recipes.DataProfile.of(spec.load_split(**options)).validated
+    assert recipes.DataProfile.of(spec.load_split(validation=True, **options)).validated
+
+
 def test_the_banner_names_every_setting_the_preset_changed():
     profile = _profile(100, 6000)  # 60 per user: the gradient branch.
     auto = run_settings.settings('synthetic', data_profile=profile, client_fraction=0.5)

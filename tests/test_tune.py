@@ -134,7 +134,10 @@ def test_a_new_search_starts_from_the_auto_recipe():
     config = tuning.TuneConfig.create('synthetic', fixed={'total_rounds': 2})
     first = tuning.auto_trial(config, split)
     # Every searched setting the recipe sets has its value; the others are the
-    # task's (what an untuned `--preset=auto` run uses).
+    # task's (what an untuned `--preset=auto` run uses). The rounds are not
+    # searched by default: the search's `total_rounds` holds for every trial.
+    assert auto.pop('total_rounds') == recipes.AUTO_VALIDATED_ROUNDS
+    assert 'total_rounds' not in first
     assert {k: first[k] for k in auto} == auto
     assert first == {d: getattr(api.settings('synthetic', preset=recipes.AUTO,
                                              data_profile=recipes.DataProfile.of(split)), d)

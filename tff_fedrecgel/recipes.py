@@ -5,7 +5,8 @@
   (`tasks.Task.tuned`); they do not transfer to other data.
 * ``auto``: a rule chosen for transfer by leave-one-dataset-out
   (docs/RESULTS.md, "Transfer"): by the data's history length, one of two
-  recipes, with its training negatives derived from the data
+  recipes, with its training negatives derived from the data, and with a
+  validation item to choose the round, `AUTO_VALIDATED_ROUNDS` rounds
   (`auto_recipe`).
 * a path to a ``.json`` file: the settings a tuner (or a person) wrote.
 
@@ -40,6 +41,10 @@ AUTO_EPOCHS_NEGATIVES = 250
 # the transfer study's two generated logs (20 and 100 per user).
 AUTO_LONG_HISTORY = 50
 AUTO_NEGATIVES_RANGE = (4, 32)
+# With a validation item, `auto` runs this many rounds and serves the round
+# it chooses (without one, the task's rounds: the last round is served, and
+# past its peak a model may decline).
+AUTO_VALIDATED_ROUNDS = 300
 # A new tuner search tries this recipe first (`tuning.TuneConfig`).
 TUNER_STARTS_FROM_AUTO = True
 # A search's trials to reach, and the share of its wall-clock budget one
@@ -59,18 +64,20 @@ class DataProfile:
       users: Users kept by the split.
       items: Items of the catalog.
       interactions: Interactions kept (training, validation and test).
+      validated: Whether every user holds a validation item.
     """
 
     users: int
     items: int
     interactions: int
+    validated: bool = False
 
     @classmethod
     def of(cls, split) -> 'DataProfile':
         """The profile of a `data.Split`."""
         stats = split.summary()
         return cls(users=stats['users'], items=stats['items'],
-                   interactions=stats['interactions'])
+                   interactions=stats['interactions'], validated=stats['valid_users'] > 0)
 
     @property
     def interactions_per_user(self) -> float:
@@ -109,6 +116,8 @@ def auto_recipe(profile: DataProfile | None) -> dict[str, Any]:
         return {}
     recipe, per_user = auto_branch(profile)
     recipe['num_negatives'] = auto_negatives(profile, per_user)
+    if profile.validated:
+        recipe['total_rounds'] = AUTO_VALIDATED_ROUNDS
     return recipe
 
 
@@ -118,8 +127,10 @@ def describe_auto(profile: DataProfile) -> str:
     _, per_user = auto_branch(profile)
     low, high = AUTO_NEGATIVES_RANGE
     side = '<' if history < AUTO_LONG_HISTORY else '>='
+    rounds = (f'; a validation item: {AUTO_VALIDATED_ROUNDS} rounds' if profile.validated
+              else '')
     return (f'{history:.1f} interactions per user {side} {AUTO_LONG_HISTORY:g}; negatives '
-            f'{per_user:g} / {history:.1f}, within {low}-{high}')
+            f'{per_user:g} / {history:.1f}, within {low}-{high}{rounds}')
 
 
 def is_preset_file(name: str) -> bool:

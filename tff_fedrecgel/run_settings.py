@@ -455,6 +455,10 @@ def settings(task: str, *, algorithm: str | None = None,
     algorithm = chosen_algorithm(algorithm, preset)
     method = methods.get_method(algorithm)
     from_preset = spec.preset(preset, data_profile)
+    if preset == recipes.AUTO and method.algorithm in (methods.CENTRAL, methods.ITEMPOP):
+        # Auto's rounds are a federated recipe's; here a round is an epoch or
+        # counts nothing.
+        from_preset.pop('total_rounds', None)
     refused = sorted(set(from_preset) & set(NOT_PRESETTABLE))
     if refused:
         raise ValueError(f'preset {preset} may not set {", ".join(refused)}')

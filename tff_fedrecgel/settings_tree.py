@@ -29,6 +29,7 @@ import dataclasses
 import textwrap
 from typing import Any
 
+from tff_fedrecgel import recipes
 from tff_fedrecgel import sizes
 from tff_fedrecgel.evaluation import protocols
 
@@ -166,10 +167,11 @@ TREE = (
                 range=(0, True, MAX_SEED)),
         Setting('preset', "paper: the paper's protocol (docs/ALGORITHM.md); tuned: the "
                 "task's own settings chosen on its validation item; auto: chosen for "
-                "transfer by the data's history length (five local epochs below 50 "
-                'interactions per user, one gradient a round with a faster server above), '
-                'with the training negatives derived from the data (docs/RESULTS.md, '
-                '"Transfer"); or a .json preset file (launch/tune.py writes one, with the '
+                "transfer by the data's history length (five local epochs below "
+                f'{recipes.AUTO_LONG_HISTORY:g} interactions per user, one gradient a round '
+                'with a faster server above), with the training negatives derived from the '
+                f'data and, with --validation, {recipes.AUTO_VALIDATED_ROUNDS} rounds of '
+                'federated training (docs/RESULTS.md, "Transfer"); or a .json preset file (launch/tune.py writes one, with the '
                 'method it tuned, which is then the default --algorithm). Default: '
                 "paper for the paper's datasets, auto for csv and synthetic. Flags given "
                 'explicitly win.', filled='run'),
