@@ -232,8 +232,9 @@ def collect(root: pathlib.Path, kept: pd.DataFrame | None = None) -> pd.DataFram
     for dataset in KEYS:
         for name in (*(c.name for c in CANDIDATES + LONG_CANDIDATES), *BASELINES):
             for path in sorted((root / dataset).glob(f'{name}_seed*/metrics.csv')):
-                values = selected(path)
-                if values and (path.parent / 'summary.json').exists():
+                # An unfinished run (no summary yet) may not have evaluated.
+                values = (path.parent / 'summary.json').exists() and selected(path)
+                if values:
                     seed = int(path.parent.name.rsplit('_seed', 1)[1])
                     rows.append({'name': f'{dataset}/{path.parent.name}', 'dataset': dataset,
                                  'candidate': name, 'seed': seed, **values})
@@ -407,6 +408,11 @@ def report_lines(runs: pd.DataFrame, recipe_rows: pd.DataFrame,
               '|---|---|---|---|---|---|---|---|---|']
     for r in leave_one_out(runs, base, profiles):
         choice = f'{r["choice"]} ({r["picked"]})' if r['picked'] else r['choice']
+        if not r['seeds']:  # Chosen, but its runs there have not finished yet.
+            chosen_on = ', '.join(TITLES[d] for d in r['chosen_on'])
+            lines.append(f'| {TITLES[r["left_out"]]} | {chosen_on} | {choice} | 0 | '
+                         'not run yet | | | | |')
+            continue
         spread = {c: f' ± {r[c + "_sd"]:.4f}' if r['seeds'] > 1 else ''
                   for c in ('test_hr', 'test_full_hr')}
         lines.append(

@@ -146,3 +146,26 @@ def test_the_longer_runs_are_a_rule_of_their_own_chosen_by_validation_alone():
     run = plan[f'amazon_video/{short_long}_seed2']
     assert f'--total_rounds={recipes.AUTO_VALIDATED_ROUNDS}' in run.flags('')
     assert f'lastfm_2k/{long_long}_seed0' in plan and f'lastfm_2k/{short_long}_seed0' not in plan
+
+
+def test_a_choice_whose_runs_have_not_finished_on_the_one_left_out_says_so():
+    # FilmTrust neither chooses nor counts (its ceiling is below its floor), so
+    # a choice made on the others may not have run there yet.
+    long_rule = ts.RULES[-1]
+    profiles = {**PROFILES, 'filmtrust': recipes.DataProfile(1227, 2071, 34889)}
+    valid = {(d, c): 0.3 for d in profiles for c in (GRADIENT, EPOCHS)}
+    valid.update({('lastfm_2k', long_rule.long.name): 0.4,
+                  ('synthetic_long', long_rule.long.name): 0.3,
+                  ('synthetic', long_rule.short.name): 0.3,
+                  ('amazon_video', long_rule.short.name): 0.3})
+    runs = _runs(valid)
+    recipe_rows = pd.DataFrame([
+        {'name': f'{d}/{kind}_seed0', 'dataset': d, 'kind': kind, 'method': kind, 'seed': 0,
+         'valid:test/hr@10': hr, 'valid_full:test_full/hr@10': hr,
+         'valid_full:test_full/ndcg@10': hr}
+        for d, floor, ceiling in (('lastfm_2k', 0.0, 1.0), ('amazon_video', 0.0, 1.0),
+                                  ('filmtrust', 0.7, 0.6))
+        for kind, hr in (('itempop', floor), ('central', ceiling))])
+    lines = ts.report_lines(runs, recipe_rows, profiles)
+    row = next(line for line in lines if line.startswith('| FilmTrust |') and '| 0 |' in line)
+    assert f'{long_rule.name} ({long_rule.short.name}) | 0 | not run yet |' in row
