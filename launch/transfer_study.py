@@ -136,10 +136,10 @@ CANDIDATES = (GRADIENT, EPOCHS)
 # validation item's longer runs (they run only where the rule picks them).
 # Last: on a tie the plain recipe, then the shorter runs, are chosen.
 _LONG = recipes.AUTO_VALIDATED_ROUNDS
-LONG_CANDIDATES = tuple(c.longer(_LONG) for c in CANDIDATES)
+LONG_CANDIDATES = _LONG_GRADIENT, _LONG_EPOCHS = tuple(c.longer(_LONG) for c in CANDIDATES)
 RULES = (Rule(f'h{recipes.AUTO_LONG_HISTORY:g}', EPOCHS, GRADIENT, recipes.AUTO_LONG_HISTORY),
-         Rule(f'h{recipes.AUTO_LONG_HISTORY:g}r{_LONG}', EPOCHS.longer(_LONG),
-              GRADIENT.longer(_LONG), recipes.AUTO_LONG_HISTORY))
+         Rule(f'h{recipes.AUTO_LONG_HISTORY:g}r{_LONG}', _LONG_EPOCHS, _LONG_GRADIENT,
+              recipes.AUTO_LONG_HISTORY))
 CHOICES = (*CANDIDATES, *RULES)
 
 
