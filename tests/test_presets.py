@@ -77,6 +77,24 @@ def test_with_a_validation_item_auto_runs_longer_and_says_so():
     assert f'a validation item: {recipes.AUTO_VALIDATED_ROUNDS} rounds' in line
 
 
+def test_a_preset_file_s_rounds_apply_only_in_its_own_unit(tmp_path):
+    def tuned(algorithm, rounds):
+        path = tmp_path / f'{algorithm}.json'
+        path.write_text(json.dumps({'algorithm': algorithm,
+                                    'settings': {'total_rounds': rounds}}))
+        return str(path)
+    federated, central = tuned('fedrecgel', 300), tuned('central', 20)
+    assert run_settings.settings('synthetic', preset=federated).total_rounds == 300
+    assert run_settings.settings('synthetic', algorithm='fedncf',
+                                 preset=federated).total_rounds == 300
+    assert run_settings.settings('synthetic', preset=central).total_rounds == 20
+    # Federated rounds are not epochs, nor epochs rounds: the task's instead.
+    assert run_settings.settings('synthetic', algorithm='central',
+                                 preset=federated).total_rounds == 100
+    assert run_settings.settings('synthetic', algorithm='fedrecgel',
+                                 preset=central).total_rounds == 100
+
+
 def test_the_profile_of_a_split_says_whether_it_holds_validation_items():
     from tff_fedrecgel import tasks
     spec = tasks.get_task('synthetic')

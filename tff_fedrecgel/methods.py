@@ -139,6 +139,13 @@ class Method:
         return (float(rho_sh if self.rho_sh is None else self.rho_sh),
                 float(rho_ns if self.rho_ns is None else self.rho_ns))
 
+    @property
+    def round_unit(self) -> str | None:
+        """What one of its `total_rounds` counts: 'epoch' (the central
+        model), None (popularity trains nothing) or 'round' (a federated
+        round)."""
+        return {CENTRAL: 'epoch', ITEMPOP: None}.get(self.algorithm, 'round')
+
     def refused(self, names: Iterable[str]) -> list[str]:
         """Those of `names` (settings) the method does not take, in order."""
         return [n for n in names if n in TRAINING_SETTINGS

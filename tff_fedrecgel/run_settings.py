@@ -455,9 +455,10 @@ def settings(task: str, *, algorithm: str | None = None,
     algorithm = chosen_algorithm(algorithm, preset)
     method = methods.get_method(algorithm)
     from_preset = spec.preset(preset, data_profile)
-    if preset == recipes.AUTO and method.algorithm in (methods.CENTRAL, methods.ITEMPOP):
-        # Auto's rounds are a federated recipe's; here a round is an epoch or
-        # counts nothing.
+    tuned_for = methods.get_method(recipes.preset_algorithm(preset) or methods.FEDRECGEL)
+    if tuned_for.round_unit != method.round_unit:
+        # A preset's rounds count its own method's unit (e.g. auto's are
+        # federated rounds, not the central model's epochs).
         from_preset.pop('total_rounds', None)
     refused = sorted(set(from_preset) & set(NOT_PRESETTABLE))
     if refused:
