@@ -1,5 +1,6 @@
 """Presets (`recipes`): the transfer recipe's rule, defaults per task, files."""
 
+import dataclasses
 import json
 
 import pytest
@@ -75,6 +76,28 @@ def test_with_a_validation_item_auto_runs_longer_and_says_so():
     line = setting_changes.preset_banner(run, validated)
     assert f'total_rounds 100 -> {recipes.AUTO_VALIDATED_ROUNDS}' in line
     assert f'a validation item: {recipes.AUTO_VALIDATED_ROUNDS} rounds' in line
+
+
+def test_auto_ranks_against_every_item_as_often_as_the_data_s_size_allows():
+    def validated(users, items):
+        return recipes.DataProfile(users=users, items=items, interactions=20 * users,
+                                   validated=True)
+    small, mid, large = validated(1000, 1000), validated(1600, 12454), validated(8072, 11830)
+    assert [recipes.auto_full_every(p) for p in (small, mid, large)] == [
+        1, 10, recipes.AUTO_MAX_FULL_EVERY]
+    assert 'rounds_per_full_eval' not in recipes.auto_recipe(small)
+    assert recipes.auto_recipe(mid)['rounds_per_full_eval'] == 10
+    assert 'rounds_per_full_eval' not in recipes.auto_recipe(
+        dataclasses.replace(mid, validated=False))
+    run = run_settings.settings('synthetic', data_profile=mid, validation=True,
+                                eval_protocol='both')
+    assert run.rounds_per_full_eval == 10
+    assert 'ranked against every item every 10' in setting_changes.preset_banner(run, mid)
+    # An explicit value wins; the central model's epochs keep theirs.
+    assert run_settings.settings('synthetic', data_profile=mid, validation=True,
+                                 rounds_per_full_eval=5).rounds_per_full_eval == 5
+    assert run_settings.settings('synthetic', algorithm='central', data_profile=mid,
+                                 validation=True).rounds_per_full_eval is None
 
 
 def test_a_preset_file_s_rounds_apply_only_in_its_own_unit(tmp_path):

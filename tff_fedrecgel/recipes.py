@@ -6,7 +6,8 @@
 * ``auto``: a rule chosen for transfer by leave-one-dataset-out
   (docs/RESULTS.md, "Transfer"): by the data's history length, one of two
   recipes, with its training negatives derived from the data, and with a
-  validation item to choose the round, `AUTO_VALIDATED_ROUNDS` rounds
+  validation item to choose the round, `AUTO_VALIDATED_ROUNDS` rounds,
+  ranked against every item as often as the data's size allows
   (`auto_recipe`).
 * a path to a ``.json`` file: the settings a tuner (or a person) wrote.
 
@@ -45,6 +46,13 @@ AUTO_NEGATIVES_RANGE = (4, 32)
 # it chooses (without one, the task's rounds: the last round is served, and
 # past its peak a model may decline).
 AUTO_VALIDATED_ROUNDS = 300
+# Ranking every user against every item costs by the score (users x
+# items): `auto` ranks about this many scores a round on average, at most
+# every `AUTO_MAX_FULL_EVERY` rounds, so the validation item choosing among
+# 300 rounds does not cost more than their training (LastFM-2K, ranked every
+# round: 19 s an evaluation against a 2 s round).
+AUTO_SCORES_PER_ROUND = 2_000_000
+AUTO_MAX_FULL_EVERY = 20
 # A new tuner search tries this recipe first (`tuning.TuneConfig`).
 TUNER_STARTS_FROM_AUTO = True
 # A search's trials to reach, and the share of its wall-clock budget one
@@ -102,6 +110,14 @@ def auto_branch(profile: DataProfile) -> tuple[dict[str, Any], float]:
     return dict(AUTO_GRADIENT), AUTO_GRADIENT_NEGATIVES
 
 
+def auto_full_every(profile: DataProfile) -> int:
+    """Rounds between two full-ranking evaluations under ``auto``:
+    ``ceil(users x items / AUTO_SCORES_PER_ROUND)``, 1 to
+    `AUTO_MAX_FULL_EVERY`."""
+    wanted = math.ceil(profile.users * profile.items / AUTO_SCORES_PER_ROUND)
+    return int(min(AUTO_MAX_FULL_EVERY, max(1, wanted)))
+
+
 def auto_recipe(profile: DataProfile | None) -> dict[str, Any]:
     """The ``auto`` preset's settings for data of this profile.
 
@@ -118,6 +134,8 @@ def auto_recipe(profile: DataProfile | None) -> dict[str, Any]:
     recipe['num_negatives'] = auto_negatives(profile, per_user)
     if profile.validated:
         recipe['total_rounds'] = AUTO_VALIDATED_ROUNDS
+        if auto_full_every(profile) > 1:  # 1 is every evaluation already.
+            recipe['rounds_per_full_eval'] = auto_full_every(profile)
     return recipe
 
 
@@ -127,8 +145,10 @@ def describe_auto(profile: DataProfile) -> str:
     _, per_user = auto_branch(profile)
     low, high = AUTO_NEGATIVES_RANGE
     side = '<' if history < AUTO_LONG_HISTORY else '>='
-    rounds = (f'; a validation item: {AUTO_VALIDATED_ROUNDS} rounds' if profile.validated
-              else '')
+    every = auto_full_every(profile)
+    rounds = '' if not profile.validated else (
+        f'; a validation item: {AUTO_VALIDATED_ROUNDS} rounds'
+        + (f', ranked against every item every {every}' if every > 1 else ''))
     return (f'{history:.1f} interactions per user {side} {AUTO_LONG_HISTORY:g}; negatives '
             f'{per_user:g} / {history:.1f}, within {low}-{high}{rounds}')
 

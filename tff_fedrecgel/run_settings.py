@@ -399,6 +399,9 @@ Settings.__doc__ += '\n    Attributes:\n' + '\n'.join(
 # The privacy settings: recorded only when the run has DP or secure aggregation.
 PRIVACY_SETTINGS = tuple(s.name for s in settings_tree.leaf('privacy').settings)
 
+# Settings a preset may set that count rounds (`methods.Method.round_unit`).
+COUNTED_IN_ROUNDS = ('total_rounds', 'rounds_per_full_eval')
+
 # Settings a preset file may not set: they name the run, not its recipe.
 NOT_PRESETTABLE = ('task', 'algorithm', 'data_dir', 'data_options', 'preset')
 
@@ -459,7 +462,8 @@ def settings(task: str, *, algorithm: str | None = None,
     if tuned_for.round_unit != method.round_unit:
         # A preset's rounds count its own method's unit (e.g. auto's are
         # federated rounds, not the central model's epochs).
-        from_preset.pop('total_rounds', None)
+        for name in COUNTED_IN_ROUNDS:
+            from_preset.pop(name, None)
     refused = sorted(set(from_preset) & set(NOT_PRESETTABLE))
     if refused:
         raise ValueError(f'preset {preset} may not set {", ".join(refused)}')

@@ -171,7 +171,9 @@ TREE = (
                 f'{recipes.AUTO_LONG_HISTORY:g} interactions per user, one gradient a round '
                 'with a faster server above), with the training negatives derived from the '
                 f'data and, with --validation, {recipes.AUTO_VALIDATED_ROUNDS} rounds of '
-                'federated training (docs/RESULTS.md, "Transfer"); or a .json preset file '
+                'federated training, ranked against every item every 1-'
+                f'{recipes.AUTO_MAX_FULL_EVERY} rounds by the data\'s size '
+                '(docs/RESULTS.md, "Transfer"); or a .json preset file '
                 '(launch/tune.py writes one, with the method it tuned, which is then the '
                 'default --algorithm). Default: '
                 "paper for the paper's datasets, auto for csv and synthetic. Flags given "
