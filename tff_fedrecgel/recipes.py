@@ -134,8 +134,9 @@ def auto_recipe(profile: DataProfile | None) -> dict[str, Any]:
     recipe['num_negatives'] = auto_negatives(profile, per_user)
     if profile.validated:
         recipe['total_rounds'] = AUTO_VALIDATED_ROUNDS
-        if auto_full_every(profile) > 1:  # 1 is every evaluation already.
-            recipe['rounds_per_full_eval'] = auto_full_every(profile)
+        every = auto_full_every(profile)
+        if every > 1:  # 1 is every evaluation already.
+            recipe['rounds_per_full_eval'] = every
     return recipe
 
 
