@@ -367,9 +367,11 @@ def test_a_stopped_or_killed_trial_runs_again_with_its_settings_when_resumed(tmp
     with pytest.raises(runtime.Terminated):
         tuning.run_search(config, root=tmp_path, split=split, make_experiment=_StoppedOnce)
     record = tuning.run_search(config, root=tmp_path, split=split, make_experiment=_StoppedOnce)
-    first, again = _StoppedOnce.made[:2]
+    first, again, drawn = _StoppedOnce.made[:3]
     assert again['server_lr'] == first['server_lr']
     assert [t['trial'] for t in record['trials_this_call']] == [1, 2]
+    # The resumed call's own draw is new, not the first call's again.
+    assert drawn['server_lr'] != first['server_lr']
     study = optuna.load_study(study_name=tuning.STUDY_NAME,
                               storage=f'sqlite:///{tmp_path / tuning.STUDY_FILE}')
     assert study.trials[0].user_attrs[tuning.INTERRUPTED]

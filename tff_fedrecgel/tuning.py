@@ -321,8 +321,10 @@ def _open_study(root: pathlib.Path, seed: int) -> optuna.Study:
     study = optuna.create_study(
         study_name=STUDY_NAME, storage=f'sqlite:///{root / STUDY_FILE}',
         direction='maximize', load_if_exists=True,
-        sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=5),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0))
+    # Seeded by the trials so far: a resumed search would draw its first settings again.
+    study.sampler = optuna.samplers.TPESampler(
+        seed=seed + len(study.get_trials(deepcopy=False)), n_startup_trials=5)
     killed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     for trial in killed:  # Left running by a search that was killed.
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
