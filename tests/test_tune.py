@@ -173,6 +173,17 @@ def test_rounds_are_searched_only_when_named_and_only_for_federated_methods():
     assert fixed.space == ()
 
 
+def test_the_central_search_asks_its_rebuild_rate_only_when_users_are_held_out():
+    names = lambda **fixed: {d.name for d in tuning.TuneConfig.create(
+        'synthetic', algorithm='central', fixed=fixed).space if d.name in ('local_lr',
+                                                                            'num_negatives')}
+    assert names() == {'num_negatives'}
+    assert names(heldout_users=0.1) == {'local_lr', 'num_negatives'}
+    # A federated method trains its users' embeddings at that rate: always asked.
+    federated = tuning.TuneConfig.create('synthetic', fixed={})
+    assert 'local_lr' in {d.name for d in federated.space}
+
+
 def test_a_radius_of_zero_starts_the_log_search_at_its_low_end():
     """FilmTrust's global radius is 0, which a log-scale search cannot ask:
     the first trial takes the range's low end, the other values as they are."""
@@ -196,11 +207,12 @@ def test_api_tune_runs_the_same_search(tmp_path):
     record = api.tune('synthetic', root=tmp_path / 'search', trials=1, space=['server_lr'],
                       data_options={'num_users': 80, 'num_items': 400}, total_rounds=1)
     assert record['finished_trials'] == 1 and record['best_trial'] == 0
-    # The ceiling searches what the central model takes, with the same budget;
-    # the table reads the three runs' validation-selected test metrics.
+    # The ceiling searches what the central model takes, with the same budget
+    # (no users are held out, so not their rebuild rate); the table reads the
+    # three runs' validation-selected test metrics.
     ceiling = record['frame']['ceiling']
     assert ceiling['finished_trials'] == 1 and ceiling['algorithm'] == 'central'
-    assert set(ceiling['best_settings']) == {'total_rounds', 'num_negatives', 'local_lr'}
+    assert set(ceiling['best_settings']) == {'total_rounds', 'num_negatives'}
     # The floor is the popularity the best trial's summary carries (what
     # --algorithm=itempop reaches: test_popularity_floor.py); nothing trains it.
     floor = json.loads((pathlib.Path(record['best_run_dir']) / 'summary.json').read_text())

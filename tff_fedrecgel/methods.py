@@ -106,6 +106,8 @@ class Method:
         gradient), 'global_change' (FedLESAM) or 'server' (FedGloSS).
       peer: How the peers study (`launch/peers_study.py`) runs it; None: it
         is not one of the study's peer methods.
+      heldout_only: The settings it takes only to serve users held out of
+        training (a search leaves them out when none are held out).
     """
 
     name: str
@@ -126,6 +128,7 @@ class Method:
     sam_eta: float | None = None
     global_perturbation: str = 'local'
     peer: PeerSettings | None = None
+    heldout_only: frozenset = frozenset()
 
     def radii(self, rho_sh: float, rho_ns: float) -> tuple[float, float]:
         """The radii a run uses, given the task's (or the flags') radii.
@@ -240,6 +243,7 @@ METHODS = {m.name: m for m in (
            rho_sh=0.0, rho_ns=0.0, algorithm=CENTRAL,
            builder='tff_fedrecgel.simulation.baseline_adapters:build_central',
            takes=frozenset({'local_lr', 'num_negatives', 'reconstruction_steps'}),
+           heldout_only=frozenset({'local_lr', 'reconstruction_steps'}),
            private=False, exports=False),
 )}
 METHOD_NAMES = tuple(METHODS)

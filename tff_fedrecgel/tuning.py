@@ -10,17 +10,14 @@ search that was killed resumes where it was: a trial it left unfinished
 (stopped by a signal, or killed) runs again first, with the same settings
 under a new number (its partial folder stays).
 
-Why Optuna and not the google-vizier that TFF installs: Optuna's TPE and
-pruning on intermediate values are what a search of minutes-long trials
-needs, its SQLite study resumes after SIGKILL without a server, and its
-API is a few calls; Vizier's open-source service needs a server process and
-offers no pruning of running trials.
+Why Optuna and not the google-vizier that TFF installs: TPE with pruning
+of running trials on their intermediate values, and an SQLite study that
+resumes after SIGKILL without a server (Vizier's service needs one).
 
-Trials also stop on the wall clock: one that runs past its share of the
-budget (`trial_minutes`, by default a quarter of `max_minutes`), or past
-the budget's end, is pruned and marked `stopped: wall clock`, so a slow
-setting (ten local epochs over a fifth of the users) cannot spend the
-search.
+Trials also stop on the wall clock: one past its share of the budget
+(`trial_minutes`, by default a quarter of `max_minutes`) or past the
+budget's end is pruned and marked `stopped: wall clock`, so one slow
+setting (ten local epochs over a fifth of the users) cannot spend it.
 
 A new search's first trial is the `auto` preset's recipe for the data (its
 values of the searched settings), so the search starts from what the project
@@ -239,7 +236,8 @@ class TuneConfig:
                space: Sequence[str] | None = None, fixed: Mapping[str, Any] | None = None,
                objective: str | None = None, **options: Any) -> 'TuneConfig':
         """A search whose fixed settings are checked first and left out of
-        the searched space.
+        the searched space, as are those serving only held-out users when
+        none are held out (the central model's rebuild rate).
 
         Args:
           task, algorithm: As the attributes.
@@ -253,9 +251,11 @@ class TuneConfig:
           DataError, ValueError: On a bad fixed setting or dimension name.
         """
         fixed = dict(fixed or {})
-        run_settings.settings(task, algorithm=algorithm, preset=recipes.PAPER,
-                              validation=True, **fixed)
-        dims = tuple(d for d in search_space(space) if d.name not in fixed)
+        resolved = run_settings.settings(task, algorithm=algorithm, preset=recipes.PAPER,
+                                         validation=True, **fixed)
+        unused = set(fixed) | (set() if resolved.heldout_users
+                               else methods.get_method(algorithm).heldout_only)
+        dims = tuple(d for d in search_space(space) if d.name not in unused)
         return cls(task=task, algorithm=algorithm, space=dims, base=fixed,
                    objective=objective or DEFAULT_OBJECTIVE, **options)
 
