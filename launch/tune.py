@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import json
 import os
+import pathlib
 import sys
 
 if __package__ in (None, ''):
@@ -141,6 +142,7 @@ def main(argv: list[str]) -> int:
     from tff_fedrecgel import program  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel import tuning  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel import tuning_frame  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel import tuning_study  # pylint: disable=g-import-not-at-top
 
     # Every fixed value is checked now, before anything is written.
     config = tuning.TuneConfig.create(
@@ -149,8 +151,7 @@ def main(argv: list[str]) -> int:
         trial_minutes=_TRIAL_MINUTES.value, seed=algo.SEED.value,
         start_from_auto=_START_FROM_AUTO.value, prune_after=_PRUNE_AFTER.value)
     framed = _FRAME.value and method.name != tuning_frame.CEILING
-    if framed:
-        tuning_frame.ceiling_config(config)  # Checked now too.
+    ceiling = tuning_frame.ceiling_config(config) if framed else None  # Checked now too.
     space = config.space
     root = _ROOT_OUTPUT_DIR.value or os.path.join('runs', f'tune_{task.name}_{method.name}')
     root_dir = os.path.abspath(root)
@@ -158,6 +159,10 @@ def main(argv: list[str]) -> int:
     program.check_not_in_use(root_output_dir=os.path.dirname(root_dir),
                              experiment_name=os.path.basename(root_dir),
                              elsewhere=tuning.TUNING_FOLDER)
+    tuning_study.check_folder(pathlib.Path(root_dir), config.definition)
+    if ceiling is not None:
+        tuning_study.check_folder(pathlib.Path(root_dir) / tuning_frame.CEILING_DIR,
+                                  ceiling.definition)
     split = task.load_split(data_dir=fixed['data_dir'], validation=True,
                             eval_negatives=_ranking_flags.EVAL_NEGATIVES.value,
                             **fixed['data_options'])

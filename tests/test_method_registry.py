@@ -90,7 +90,7 @@ def test_a_new_method_trains_and_evaluates_from_its_registration(registered):
                   'workers', 'lr_scale']),
     ('central', ['rho_sh', 'rho_ns', 'server_lr', 'server_optimizer', 'local_state',
                  'loss_reduction', 'update', 'local_epochs', 'client_lr',
-                 'client_weighting', 'sharpness_probe', 'workers', 'lr_scale']),
+                 'client_weighting', 'sharpness_probe', 'workers']),
     ('pfedrec', ['rho_sh', 'rho_ns', 'local_lr', 'server_lr', 'server_optimizer',
                  'local_state', 'reconstruction_steps', 'loss_reduction', 'update',
                  'client_lr', 'client_weighting', 'sharpness_probe', 'workers']),
@@ -192,6 +192,19 @@ def test_lr_scale_multiplies_a_recommenders_own_rates(name, config_rates):
     assert rates[2.5] == pytest.approx([2.5 * r for r in rates[1.0]])
     with pytest.raises(ValueError, match='fedrecgel does not take lr_scale'):
         run_settings.settings('synthetic', algorithm='fedrecgel', lr_scale=2.0)
+
+
+def test_lr_scale_multiplies_the_central_models_adam_rate():
+    """The tuner's ceiling searches the central model's rate as the
+    federated methods' rates are searched (1 leaves it as it was)."""
+    from tff_fedrecgel import central  # pylint: disable=g-import-not-at-top
+
+    split = preprocess.build_split(synthetic.generate_synthetic(
+        num_users=20, num_items=40, mean_interactions=8, seed=0), num_negatives=20)
+    rates = [run_settings.settings('synthetic', algorithm='central', lr_scale=scale)
+             .build_simulation(split).algorithm.trainer.learning_rate for scale in (1.0, 2.5)]
+    assert rates == pytest.approx([central.DEFAULT_LEARNING_RATE,
+                                   2.5 * central.DEFAULT_LEARNING_RATE])
 
 
 def test_the_tuner_searches_a_recommenders_local_epochs_and_rates():

@@ -21,6 +21,7 @@ from tests.test_train_program import _run
 from tests.test_train_program import _summary
 from tff_fedrecgel import runtime
 from tff_fedrecgel import tuning
+from tff_fedrecgel import tuning_study
 from tff_fedrecgel.errors import DataError
 
 TUNE = os.path.join(REPO, 'launch', 'tune.py')
@@ -87,6 +88,15 @@ def test_search_resumes_after_sigkill_and_its_preset_reproduces(tmp_path):
     assert list(again['valid_full/ndcg@10']) == pytest.approx(
         list(best_rows['valid_full/ndcg@10']), abs=1e-12)
     assert _summary(output)['rounds'] == 2
+    # The folder now holds this search: another one is refused in a line, unchanged.
+    study = (root / tuning_study.STUDY_FILE).read_bytes()
+    other = [a for a in SEARCH if a != '--total_rounds=2'] + ['--total_rounds=3']
+    result = _tune([*other, '--trials=4', f'--root_output_dir={root}'])
+    assert result.returncode != 0 and 'Traceback' not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        'holds a search with other settings (total_rounds); resume it with the same ones or '
+        'use another tuning folder (--root_output_dir)'), result.stderr
+    assert (root / tuning_study.STUDY_FILE).read_bytes() == study
 
 
 @pytest.mark.parametrize('args, message', [
@@ -168,9 +178,10 @@ def test_rounds_are_searched_only_when_named_and_only_for_federated_methods():
         asked = tuning.suggest_settings(study.ask(), space, 'fedrecgel')
         assert rounds.low <= asked['total_rounds'] <= rounds.high
     assert set(tuning.suggest_settings(study.ask(), space, 'central')) == set()
-    fixed = tuning.TuneConfig.create('synthetic', space=['total_rounds'],
-                                     fixed={'total_rounds': 2})
-    assert fixed.space == ()
+    with pytest.raises(DataError, match=r'no trial would try: total_rounds \(fixed by its flag\)'):
+        tuning.TuneConfig.create('synthetic', space=['total_rounds'], fixed={'total_rounds': 2})
+    with pytest.raises(DataError, match=r'total_rounds \(not searched for central\)'):
+        tuning.TuneConfig.create('synthetic', algorithm='central', space=['total_rounds'])
 
 
 def test_the_central_search_asks_its_rebuild_rate_only_when_users_are_held_out():
@@ -179,6 +190,10 @@ def test_the_central_search_asks_its_rebuild_rate_only_when_users_are_held_out()
                                                                             'num_negatives')}
     assert names() == {'num_negatives'}
     assert names(heldout_users=0.1) == {'local_lr', 'num_negatives'}
+    # Named, it is refused rather than dropped.
+    with pytest.raises(DataError, match=r'local_lr \(it serves only held-out users and none '
+                                        r'are \(--heldout_users\)\)'):
+        tuning.TuneConfig.create('synthetic', algorithm='central', space=['local_lr'])
     # A federated method trains its users' embeddings at that rate: always asked.
     federated = tuning.TuneConfig.create('synthetic', fixed={})
     assert 'local_lr' in {d.name for d in federated.space}
@@ -208,11 +223,13 @@ def test_api_tune_runs_the_same_search(tmp_path):
                       data_options={'num_users': 80, 'num_items': 400}, total_rounds=1)
     assert record['finished_trials'] == 1 and record['best_trial'] == 0
     # The ceiling searches what the central model takes, with the same budget
-    # (no users are held out, so not their rebuild rate); the table reads the
-    # three runs' validation-selected test metrics.
+    # (its negatives and Adam rate; no users are held out, so not their
+    # rebuild rate), ranked every epoch; the table reads the three runs'
+    # validation-selected test metrics.
     ceiling = record['frame']['ceiling']
     assert ceiling['finished_trials'] == 1 and ceiling['algorithm'] == 'central'
-    assert set(ceiling['best_settings']) == {'total_rounds', 'num_negatives'}
+    assert set(ceiling['best_settings']) == {'total_rounds', 'rounds_per_full_eval',
+                                             'num_negatives', 'lr_scale'}
     # The floor is the popularity the best trial's summary carries (what
     # --algorithm=itempop reaches: test_popularity_floor.py); nothing trains it.
     floor = json.loads((pathlib.Path(record['best_run_dir']) / 'summary.json').read_text())
@@ -325,8 +342,8 @@ def test_a_slow_starter_lives_through_the_pruning_warm_up(tmp_path, prune_after,
 
 
 def test_a_trial_stopped_by_a_signal_is_reported_without_optunas_warnings(monkeypatch):
-    tuning.quiet_optuna()
-    tuning.quiet_optuna()  # Once is enough: no second filter, no second line.
+    tuning_study.quiet_optuna()
+    tuning_study.quiet_optuna()  # Once is enough: no second filter, no second line.
     shown = io.StringIO()
     handlers = [h for h in logging.getLogger('optuna').handlers
                 if type(h) is logging.StreamHandler]  # Optuna's own, to stderr.
@@ -384,10 +401,10 @@ def test_a_stopped_or_killed_trial_runs_again_with_its_settings_when_resumed(tmp
     assert [t['trial'] for t in record['trials_this_call']] == [1, 2]
     # The resumed call's own draw is new, not the first call's again.
     assert drawn['server_lr'] != first['server_lr']
-    study = optuna.load_study(study_name=tuning.STUDY_NAME,
-                              storage=f'sqlite:///{tmp_path / tuning.STUDY_FILE}')
-    assert study.trials[0].user_attrs[tuning.INTERRUPTED]
-    assert study.trials[1].user_attrs[tuning.RETRY_OF] == 0
+    study = optuna.load_study(study_name=tuning_study.STUDY_NAME,
+                              storage=f'sqlite:///{tmp_path / tuning_study.STUDY_FILE}')
+    assert study.trials[0].user_attrs[tuning_study.INTERRUPTED]
+    assert study.trials[1].user_attrs[tuning_study.RETRY_OF] == 0
     # A trial a killed search left running runs again too, once.
     killed = study.ask()
     killed.suggest_float('server_lr', 1e-4, 1e-1, log=True)
@@ -397,6 +414,34 @@ def test_a_stopped_or_killed_trial_runs_again_with_its_settings_when_resumed(tmp
     assert [t['trial'] for t in record['trials_this_call']] == [4]
     record = tuning.run_search(more, root=tmp_path, split=split, make_experiment=_StoppedOnce)
     assert record['trials_this_call'] == []  # Retried once: nothing queued again.
+
+
+def test_a_folder_holding_another_search_is_refused_and_kept_as_it_was(tmp_path):
+    """A resumed search may change its budget only: other fixed settings
+    would mix two configurations and write a preset its trials never ran."""
+    import types
+
+    split = types.SimpleNamespace(valid_items=[0])
+    config = tuning.TuneConfig(task='synthetic', trials=1, space=tuning.search_space(['server_lr']),
+                               base={'total_rounds': 2, 'mlp_layers': (8, 4)},
+                               start_from_auto=False)
+    _StoppedOnce.made = [None]  # Past the first trial: none is stopped.
+    tuning.run_search(config, root=tmp_path, split=split, make_experiment=_StoppedOnce)
+    preset = (tmp_path / tuning.BEST_PRESET).read_text()
+    study = (tmp_path / tuning_study.STUDY_FILE).read_bytes()
+    other = dataclasses.replace(config, base={'total_rounds': 3, 'mlp_layers': (8, 4)})
+    with pytest.raises(DataError, match=r'holds a search with other settings \(total_rounds\); '
+                                        r'.*another tuning folder \(--root_output_dir\)'):
+        tuning.run_search(other, root=tmp_path, split=split, make_experiment=_StoppedOnce)
+    with pytest.raises(DataError, match=r'other settings \(space\)'):
+        tuning.run_search(dataclasses.replace(config, space=tuning.search_space(['local_lr'])),
+                          root=tmp_path, split=split, make_experiment=_StoppedOnce)
+    assert (tmp_path / tuning.BEST_PRESET).read_text() == preset
+    assert (tmp_path / tuning_study.STUDY_FILE).read_bytes() == study
+    # A larger budget resumes it.
+    record = tuning.run_search(dataclasses.replace(config, trials=2, max_minutes=5), root=tmp_path,
+                               split=split, make_experiment=_StoppedOnce)
+    assert [t['trial'] for t in record['trials_this_call']] == [1]
 
 
 def test_a_search_refuses_a_folder_another_search_holds(tmp_path):
@@ -414,4 +459,4 @@ def test_a_search_refuses_a_folder_another_search_holds(tmp_path):
                                  r'tuning folder \(--root_output_dir\)'):
             tuning.run_search(config, root=tmp_path / 'search', split=split,
                               make_experiment=_StoppedOnce)
-    assert not (tmp_path / 'search' / tuning.STUDY_FILE).exists()
+    assert not (tmp_path / 'search' / tuning_study.STUDY_FILE).exists()

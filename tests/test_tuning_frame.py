@@ -59,3 +59,18 @@ def test_the_floor_gives_only_the_protocols_the_runs_evaluated(tmp_path):
     lines = tuning_frame.table_lines(search, {'ceiling': {'finished_trials': 1}})
     assert lines[0] == '| run | test HR@10 sampled | test NDCG@10 sampled | gap closed sampled |'
     assert lines[2] == '| popularity | 0.6000 | 0.3000 | — |'
+
+
+def test_the_ceiling_ranks_every_epoch_and_is_the_search_a_central_tuner_call_makes():
+    """So a ceiling searched apart, beside the main search on the other core,
+    is the one the frame resumes (and the epoch it picks is not rounded to
+    the federated schedule)."""
+    from tff_fedrecgel import tuning
+
+    main = tuning.TuneConfig.create('synthetic', fixed={'total_rounds': 400,
+                                                        'rounds_per_full_eval': 10}, trials=5)
+    ceiling = tuning_frame.ceiling_config(main)
+    assert ceiling.base == {'total_rounds': tuning_frame.CEILING_EPOCHS, 'rounds_per_full_eval': 1}
+    apart = tuning.TuneConfig.create('synthetic', algorithm='central', trials=3, fixed={
+        'total_rounds': tuning_frame.CEILING_EPOCHS, 'rounds_per_full_eval': 1})
+    assert apart.definition == ceiling.definition

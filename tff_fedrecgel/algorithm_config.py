@@ -54,8 +54,9 @@ class ClientWorkConfig:
       client_weighting: 'uniform' (the authors' unweighted mean) or
         'num_examples'.
       lr_scale: Multiplies every learning rate of a recommender with a round
-        of its own (PFedRec, GPFedRec, FedRAP; 1: its authors' rates), so
-        that the tuner can search them as it searches the others'.
+        of its own (PFedRec, GPFedRec, FedRAP; 1: its authors' rates) and
+        the central model's Adam rate, so that the tuner can search them as
+        it searches the others'.
       sam_eta: ASAM's eta for the global part (its perturbation scaled by
         `|w| + eta` on the weight matrices and embeddings); None: plain SAM.
       global_perturbation: One of `GLOBAL_PERTURBATIONS`: 'local' (SAM on the

@@ -100,7 +100,7 @@ DECISIONS: Mapping[str, Decision] = {
     'local_epochs': _d(_H, _I, 'model_delta\'s epochs in client_update; ' + _TRAINING),
     'client_lr': _d(_H, _I, 'model_delta\'s rate in client_update; ' + _TRAINING),
     'lr_scale': _d(_I, _I, 'the rates of methods that do not export (PFedRec, GPFedRec, '
-                   'FedRAP)'),
+                   'FedRAP, central)'),
     'chunk_size': _d(_H, _H, 'the loss\'s chunks (client_update and a rebuild)'),
     # The server.
     'server_lr': _d(_H, _I, 'the server optimizer in server_update; ' + _TRAINING),

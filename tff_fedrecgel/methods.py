@@ -242,7 +242,7 @@ METHODS = {m.name: m for m in (
            'a round = an epoch (the non-federated ceiling, not a federated method)',
            rho_sh=0.0, rho_ns=0.0, algorithm=CENTRAL,
            builder='tff_fedrecgel.simulation.baseline_adapters:build_central',
-           takes=frozenset({'local_lr', 'num_negatives', 'reconstruction_steps'}),
+           takes=frozenset({'local_lr', 'num_negatives', 'reconstruction_steps', 'lr_scale'}),
            heldout_only=frozenset({'local_lr', 'reconstruction_steps'}),
            private=False, exports=False),
 )}

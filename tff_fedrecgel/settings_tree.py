@@ -203,7 +203,8 @@ TREE = (
         Setting('client_lr', 'model_delta: client SGD rate.', range=_POSITIVE,
                 search=Search(5, 1e-3, 0.3, log=True, when='model_delta')),
         Setting('lr_scale', 'pfedrec, gpfedrec, fedrap: multiplies every learning rate of '
-                "the method's own client work (1: its authors' rates).", range=_POSITIVE,
+                "the method's own client work (1: its authors' rates); central: multiplies "
+                'its Adam rate.', range=_POSITIVE,
                 search=Search(6, 0.1, 10.0, log=True)),
     )),
     Leaf('server', 'its step on the aggregated update', (

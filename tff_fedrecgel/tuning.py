@@ -8,7 +8,9 @@ Optuna's TPE sampler proposes the next settings and its median pruner stops
 trials that fall behind. The study lives in `<root>/study.db` (SQLite), so a
 search that was killed resumes where it was: a trial it left unfinished
 (stopped by a signal, or killed) runs again first, with the same settings
-under a new number (its partial folder stays).
+under a new number (its partial folder stays). A folder holding another
+search (other fixed settings, space, objective or seed) is refused
+(`tuning_study`); only the budget may change on resumption.
 
 Why Optuna and not the google-vizier that TFF installs: TPE with pruning
 of running trials on their intermediate values, and an SQLite study that
@@ -32,10 +34,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import json
-import logging
 import os
 import pathlib
-import re
 import time
 from typing import Any
 
@@ -47,20 +47,17 @@ from tff_fedrecgel import run_settings
 from tff_fedrecgel import runtime
 from tff_fedrecgel import setting_checks
 from tff_fedrecgel import settings_tree
+from tff_fedrecgel import tuning_study
 from tff_fedrecgel.data.preprocess import Split
 from tff_fedrecgel.errors import DataError
 from tff_fedrecgel.evaluation import protocols
 from tff_fedrecgel.program import outputs
 
-STUDY_FILE = 'study.db'
-STUDY_NAME = 'tune'
 BEST_PRESET = 'best_preset.json'
 # Whether the search reached its trials (a study runner waits on it).
 PROGRESS = 'search.json'
 # What the refusal of a folder another search holds tells the user to change.
 TUNING_FOLDER = 'tuning folder (--root_output_dir)'
-# Trial attributes: stopped by a signal; the trial whose settings it runs again.
-INTERRUPTED, RETRY_OF = 'interrupted', 'retry_of'
 DEFAULT_OBJECTIVE = 'valid_full/ndcg@10'
 
 
@@ -231,6 +228,14 @@ class TuneConfig:
             return recipes.TUNER_TRIAL_SHARE * self.max_minutes
         return None
 
+    @property
+    def definition(self) -> dict[str, Any]:
+        """What the search is, as its study records it: everything but the
+        budget, which a resumed search may change."""
+        return {'task': self.task, 'algorithm': self.algorithm, 'objective': self.objective,
+                'seed': self.seed, 'base': dict(self.base),
+                'space': [d.name for d in self.space]}
+
     @classmethod
     def create(cls, task: str, *, algorithm: str = methods.FEDRECGEL,
                space: Sequence[str] | None = None, fixed: Mapping[str, Any] | None = None,
@@ -248,7 +253,8 @@ class TuneConfig:
             `start_from_auto`, `prune_after`.
 
         Raises:
-          DataError, ValueError: On a bad fixed setting or dimension name.
+          DataError, ValueError: On a bad fixed setting or dimension name, or a
+            named dimension no trial would try.
         """
         fixed = dict(fixed or {})
         resolved = run_settings.settings(task, algorithm=algorithm, preset=recipes.PAPER,
@@ -256,6 +262,14 @@ class TuneConfig:
         unused = set(fixed) | (set() if resolved.heldout_users
                                else methods.get_method(algorithm).heldout_only)
         dims = tuple(d for d in search_space(space) if d.name not in unused)
+        asked = {d.name for d in method_space(dims, algorithm)}
+        idle = [n for n in space or () if not n.startswith('+') and n not in asked]
+        if idle:  # Named, yet no trial would try it: say why rather than drop it.
+            why = {n: 'fixed by its flag' if n in fixed else
+                   'it serves only held-out users and none are (--heldout_users)'
+                   if n in unused else f'not searched for {algorithm}' for n in idle}
+            raise DataError('the search space names settings no trial would try: '
+                            + '; '.join(f'{n} ({w})' for n, w in why.items()))
         return cls(task=task, algorithm=algorithm, space=dims, base=fixed,
                    objective=objective or DEFAULT_OBJECTIVE, **options)
 
@@ -289,65 +303,6 @@ def auto_trial(config: TuneConfig, split: Split) -> dict[str, Any]:
     return suggest_settings(optuna.trial.FixedTrial(
         {d.name: d.nearest(getattr(auto, d.name)) for d in config.space}), config.space,
         config.algorithm)
-
-
-class _QuietInterrupts(logging.Filter):
-    """Drops Optuna's two warnings (and traceback) of a trial stopped by a
-    signal: the trial's own line says it runs again when the search resumes."""
-
-    def __init__(self):
-        super().__init__()
-        self._interrupted: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        trial = re.match(r'Trial (\d+) failed', record.getMessage())
-        if trial is None:
-            return True
-        if record.exc_info and issubclass(record.exc_info[0], KeyboardInterrupt):
-            self._interrupted.add(trial.group(1))
-        return trial.group(1) not in self._interrupted
-
-
-def quiet_optuna() -> None:
-    """Optuna's warnings only, none for an interrupted trial."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    for handler in logging.getLogger('optuna').handlers:
-        if not any(isinstance(f, _QuietInterrupts) for f in handler.filters):
-            handler.addFilter(_QuietInterrupts())
-
-
-def _open_study(root: pathlib.Path, seed: int) -> optuna.Study:
-    quiet_optuna()
-    study = optuna.create_study(
-        study_name=STUDY_NAME, storage=f'sqlite:///{root / STUDY_FILE}',
-        direction='maximize', load_if_exists=True,
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0))
-    # Seeded by the trials so far: a resumed search would draw its first settings again.
-    study.sampler = optuna.samplers.TPESampler(
-        seed=seed + len(study.get_trials(deepcopy=False)), n_startup_trials=5)
-    killed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-    for trial in killed:  # Left running by a search that was killed.
-        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-    _retry_interrupted(study, killed={t.number for t in killed})
-    return study
-
-
-def _retry_interrupted(study: optuna.Study, killed: set[int]) -> None:
-    """Queues each interrupted or killed trial's settings again, once, under
-    a new number: a stopped search resumes with the trial it was running. A
-    trial that failed on an error is not retried (it would fail again)."""
-    trials = study.get_trials(deepcopy=False)
-    retried = {t.user_attrs.get(RETRY_OF) for t in trials}
-    for t in trials:
-        if (t.state == optuna.trial.TrialState.FAIL and t.number not in retried
-                and (t.user_attrs.get(INTERRUPTED) or t.number in killed)):
-            attrs = {k: v for k, v in t.user_attrs.items() if k not in (INTERRUPTED, RETRY_OF)}
-            study.enqueue_trial(t.params, user_attrs={**attrs, RETRY_OF: t.number})
-
-
-def _finished(study: optuna.Study) -> int:
-    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-    return len(study.get_trials(deepcopy=False, states=states))
 
 
 def run_search(config: TuneConfig, *, root: str | os.PathLike, split: Split,
@@ -388,7 +343,7 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
             make_experiment: Callable[..., Any],
             on_trial_end: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
     (root / 'trials').mkdir(parents=True, exist_ok=True)
-    study = _open_study(root, config.seed)
+    study = tuning_study.open_study(root, config.seed, config.definition)
     if config.start_from_auto and not study.get_trials(deepcopy=False):
         first = auto_trial(config, split)
         if first:
@@ -437,7 +392,7 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
             raise
         except KeyboardInterrupt:
             state = 'interrupted'
-            trial.set_user_attr(INTERRUPTED, True)
+            trial.set_user_attr(tuning_study.INTERRUPTED, True)
             raise
         finally:
             wall = time.perf_counter() - start
@@ -453,7 +408,7 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
                 on_trial_end(record)
         return -1.0 if best[0] is None else best[0]
 
-    while _finished(study) < config.trials:
+    while tuning_study.finished(study) < config.trials:
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             break
@@ -468,7 +423,7 @@ def _write_best(study: optuna.Study, config: TuneConfig, root: pathlib.Path,
                                  states=(optuna.trial.TrialState.COMPLETE,))
     record: dict[str, Any] = {
         'task': config.task, 'algorithm': config.algorithm, 'objective': config.objective,
-        'finished_trials': _finished(study), 'completed_trials': len(completed),
+        'finished_trials': tuning_study.finished(study), 'completed_trials': len(completed),
         'trials_this_call': timings,
     }
     walls = [t['wall_seconds'] for t in timings if t['state'] in ('complete', 'pruned')]

@@ -44,9 +44,13 @@ def _shared(base: Mapping[str, Any], algorithm: str) -> dict[str, Any]:
 
 def ceiling_config(config: tuning.TuneConfig) -> tuning.TuneConfig:
     """The central model's search: the same objective, trials, budget and
-    seed, over the default space's dimensions it takes."""
+    seed, over the default space's dimensions it takes, ranked against
+    every item after each epoch."""
     fixed = _shared(config.base, CEILING)
     fixed['total_rounds'] = min(fixed.get('total_rounds', CEILING_EPOCHS), CEILING_EPOCHS)
+    # An epoch is the whole log, many rounds' worth: rank after each, so the
+    # epoch chosen is not rounded to the federated search's schedule.
+    fixed['rounds_per_full_eval'] = 1
     return tuning.TuneConfig.create(
         config.task, algorithm=CEILING, fixed=fixed, objective=config.objective,
         trials=config.trials, max_minutes=config.max_minutes,

@@ -83,7 +83,8 @@ class Central:
 
     def __init__(self, *, split: Split, model_config: neumf.ModelConfig,
                  work: client_update.ClientWorkConfig, users: Sequence[int], seed: int = 0,
-                 num_negatives: int = central.DEFAULT_NUM_NEGATIVES):
+                 num_negatives: int = central.DEFAULT_NUM_NEGATIVES,
+                 learning_rate: float = central.DEFAULT_LEARNING_RATE):
         """Builds the Keras model.
 
         Args:
@@ -93,13 +94,14 @@ class Central:
           users: The training users (held-out users are never trained on).
           seed: Seed of the weights, negatives and shuffling.
           num_negatives: Fresh negatives per positive, every epoch.
+          learning_rate: The Adam rate.
         """
         self.model_config = model_config
         self.reconstruction = work
         self.item_scores = None
         self.trainer = central.CentralTrainer(
             split=split, model_config=model_config, seed=seed,
-            num_negatives=num_negatives, users=users)
+            num_negatives=num_negatives, users=users, learning_rate=learning_rate)
 
     def initialize(self) -> None:
         self.trainer.initialize()
@@ -131,8 +133,10 @@ def build_itempop(method, context) -> ItemPop:
 
 
 def build_central(method, context) -> Central:
-    """The central ceiling's algorithm (its `methods.Method.builder`)."""
+    """The central ceiling's algorithm (its `methods.Method.builder`);
+    `work.lr_scale` scales its Adam rate, as the tuner's ceiling searches it."""
     del method
     return Central(split=context.split, model_config=context.model_config,
                    work=context.work, seed=context.seed,
-                   num_negatives=context.num_negatives, users=context.training_users)
+                   num_negatives=context.num_negatives, users=context.training_users,
+                   learning_rate=central.DEFAULT_LEARNING_RATE * context.work.lr_scale)

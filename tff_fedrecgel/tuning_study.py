@@ -1,0 +1,143 @@
+"""A search's Optuna study: its SQLite file, its definition, its resumption.
+
+The study lives in `<root>/study.db`. It records what the search is (task,
+method, objective, seed, fixed settings, searched dimensions) when first
+opened, and a later search on the folder must be the same one: like a run
+folder (`program.outputs.check_hparams`), a study cannot silently mix trials
+of two configurations, nor write a best preset whose fixed settings are not
+those its trials ran with. Only the budget (trials, minutes) may change.
+Trials a killed or interrupted search left unfinished run again, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import json
+import logging
+import pathlib
+import re
+from typing import Any
+
+import optuna
+
+from tff_fedrecgel.errors import DataError
+
+STUDY_FILE = 'study.db'
+STUDY_NAME = 'tune'
+# Trial attributes: stopped by a signal; the trial whose settings it runs again.
+INTERRUPTED, RETRY_OF = 'interrupted', 'retry_of'
+# The study attribute holding the search's definition.
+DEFINITION = 'definition'
+
+
+class _QuietInterrupts(logging.Filter):
+    """Drops Optuna's two warnings (and traceback) of a trial stopped by a
+    signal: the trial's own line says it runs again when the search resumes."""
+
+    def __init__(self):
+        super().__init__()
+        self._interrupted: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        trial = re.match(r'Trial (\d+) failed', record.getMessage())
+        if trial is None:
+            return True
+        if record.exc_info and issubclass(record.exc_info[0], KeyboardInterrupt):
+            self._interrupted.add(trial.group(1))
+        return trial.group(1) not in self._interrupted
+
+
+def quiet_optuna() -> None:
+    """Optuna's warnings only, none for an interrupted trial."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for handler in logging.getLogger('optuna').handlers:
+        if not any(isinstance(f, _QuietInterrupts) for f in handler.filters):
+            handler.addFilter(_QuietInterrupts())
+
+
+def _plain(definition: Mapping[str, Any]) -> dict[str, Any]:
+    """The definition as stored (JSON: tuples become lists, keys sorted)."""
+    return json.loads(json.dumps(definition, sort_keys=True, default=str))
+
+
+def check_folder(root: pathlib.Path, definition: Mapping[str, Any]) -> None:
+    """Refuses a folder whose study is another search's (reads only: an
+    entry point checks before it loads the data).
+
+    Raises:
+      DataError: If `root` holds a study with another definition.
+    """
+    if (root / STUDY_FILE).exists():
+        quiet_optuna()
+        study = optuna.load_study(study_name=STUDY_NAME,
+                                  storage=f'sqlite:///{root / STUDY_FILE}')
+        _compare(study.user_attrs.get(DEFINITION), root, definition)
+
+
+def _compare(held: Mapping[str, Any] | None, root: pathlib.Path,
+             definition: Mapping[str, Any]) -> None:
+    if held is None:  # A new study, or one written before studies kept theirs.
+        return
+    wanted = _plain(definition)
+    changed = sorted(k for k in set(held) | set(wanted) if held.get(k) != wanted.get(k))
+    base = []
+    if changed == ['base']:  # Name the fixed settings that differ.
+        old, new = held.get('base', {}), wanted.get('base', {})
+        base = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if changed:
+        raise DataError(f'{root} holds a search with other settings '
+                        f'({", ".join(base or changed)}); resume it with the same ones '
+                        'or use another tuning folder (--root_output_dir)')
+
+
+def open_study(root: pathlib.Path, seed: int, definition: Mapping[str, Any]) -> optuna.Study:
+    """Opens (or creates) the search's study in `root`.
+
+    Args:
+      root: The tuning folder.
+      seed: The search's seed (its sampler is seeded by it and the trials so far).
+      definition: What the search is (JSON-able); a study that holds
+        another is refused before anything in it changes.
+
+    Returns:
+      The study, with trials a killed search left running marked failed and
+      each interrupted or killed trial queued again under a new number.
+
+    Raises:
+      DataError: If the folder's study was another search's.
+    """
+    quiet_optuna()
+    study = optuna.create_study(
+        study_name=STUDY_NAME, storage=f'sqlite:///{root / STUDY_FILE}',
+        direction='maximize', load_if_exists=True,
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0))
+    _compare(study.user_attrs.get(DEFINITION), root, definition)
+    if DEFINITION not in study.user_attrs:
+        study.set_user_attr(DEFINITION, _plain(definition))
+    # Seeded by the trials so far: a resumed search would draw its first settings again.
+    study.sampler = optuna.samplers.TPESampler(
+        seed=seed + len(study.get_trials(deepcopy=False)), n_startup_trials=5)
+    killed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    for trial in killed:  # Left running by a search that was killed.
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+    _retry_interrupted(study, killed={t.number for t in killed})
+    return study
+
+
+def _retry_interrupted(study: optuna.Study, killed: set[int]) -> None:
+    """Queues each interrupted or killed trial's settings again, once, under
+    a new number: a stopped search resumes with the trial it was running. A
+    trial that failed on an error is not retried (it would fail again)."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get(RETRY_OF) for t in trials}
+    for t in trials:
+        if (t.state == optuna.trial.TrialState.FAIL and t.number not in retried
+                and (t.user_attrs.get(INTERRUPTED) or t.number in killed)):
+            attrs = {k: v for k, v in t.user_attrs.items() if k not in (INTERRUPTED, RETRY_OF)}
+            study.enqueue_trial(t.params, user_attrs={**attrs, RETRY_OF: t.number})
+
+
+def finished(study: optuna.Study) -> int:
+    """Trials that ran to their end or were pruned."""
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    return len(study.get_trials(deepcopy=False, states=states))
