@@ -438,6 +438,14 @@ def test_a_folder_holding_another_search_is_refused_and_kept_as_it_was(tmp_path)
                           root=tmp_path, split=split, make_experiment=_StoppedOnce)
     assert (tmp_path / tuning.BEST_PRESET).read_text() == preset
     assert (tmp_path / tuning_study.STUDY_FILE).read_bytes() == study
+    # A study from before studies kept their definition is judged by its trials.
+    import optuna
+    held = optuna.load_study(study_name=tuning_study.STUDY_NAME,
+                             storage=f'sqlite:///{tmp_path / tuning_study.STUDY_FILE}')
+    held.set_user_attr(tuning_study.DEFINITION, None)
+    with pytest.raises(DataError, match=r'other settings \(space\)'):
+        tuning_study.check_folder(tmp_path, dataclasses.replace(
+            config, space=tuning.search_space(['local_lr'])).definition)
     # A larger budget resumes it.
     record = tuning.run_search(dataclasses.replace(config, trials=2, max_minutes=5), root=tmp_path,
                                split=split, make_experiment=_StoppedOnce)

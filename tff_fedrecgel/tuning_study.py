@@ -71,13 +71,16 @@ def check_folder(root: pathlib.Path, definition: Mapping[str, Any]) -> None:
         quiet_optuna()
         study = optuna.load_study(study_name=STUDY_NAME,
                                   storage=f'sqlite:///{root / STUDY_FILE}')
-        _compare(study.user_attrs.get(DEFINITION), root, definition)
+        _compare(study, root, definition)
 
 
-def _compare(held: Mapping[str, Any] | None, root: pathlib.Path,
-             definition: Mapping[str, Any]) -> None:
-    if held is None:  # A new study, or one written before studies kept theirs.
-        return
+def _compare(study: optuna.Study, root: pathlib.Path, definition: Mapping[str, Any]) -> None:
+    held = study.user_attrs.get(DEFINITION)
+    if held is None:  # New, or written before studies kept theirs: its trials tell.
+        drawn = {k for t in study.get_trials(deepcopy=False) for k in t.params}
+        held = _plain(definition)
+        if not drawn <= set(held['space']):
+            held['space'] = sorted(drawn)
     wanted = _plain(definition)
     changed = sorted(k for k in set(held) | set(wanted) if held.get(k) != wanted.get(k))
     base = []
@@ -111,8 +114,8 @@ def open_study(root: pathlib.Path, seed: int, definition: Mapping[str, Any]) -> 
         study_name=STUDY_NAME, storage=f'sqlite:///{root / STUDY_FILE}',
         direction='maximize', load_if_exists=True,
         pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0))
-    _compare(study.user_attrs.get(DEFINITION), root, definition)
-    if DEFINITION not in study.user_attrs:
+    _compare(study, root, definition)
+    if study.user_attrs.get(DEFINITION) is None:
         study.set_user_attr(DEFINITION, _plain(definition))
     # Seeded by the trials so far: a resumed search would draw its first settings again.
     study.sampler = optuna.samplers.TPESampler(
