@@ -231,10 +231,13 @@ class TuneConfig:
     @property
     def definition(self) -> dict[str, Any]:
         """What the search is, as its study records it: everything but the
-        budget, which a resumed search may change."""
+        budget, which a resumed search may change (the data folder is
+        compared as an absolute path)."""
+        base = dict(self.base)
+        if base.get('data_dir'):
+            base['data_dir'] = os.path.abspath(base['data_dir'])
         return {'task': self.task, 'algorithm': self.algorithm, 'objective': self.objective,
-                'seed': self.seed, 'base': dict(self.base),
-                'space': [d.name for d in self.space]}
+                'seed': self.seed, 'base': base, 'space': [d.name for d in self.space]}
 
     @classmethod
     def create(cls, task: str, *, algorithm: str = methods.FEDRECGEL,
