@@ -224,12 +224,13 @@ def test_api_tune_runs_the_same_search(tmp_path):
     assert record['finished_trials'] == 1 and record['best_trial'] == 0
     # The ceiling searches what the central model takes, with the same budget
     # (its negatives and Adam rate; no users are held out, so not their
-    # rebuild rate), ranked every epoch; the table reads the three runs'
-    # validation-selected test metrics.
+    # rebuild rate), ranked every epoch until it stops improving; the table
+    # reads the three runs' validation-selected test metrics.
     ceiling = record['frame']['ceiling']
     assert ceiling['finished_trials'] == 1 and ceiling['algorithm'] == 'central'
     assert set(ceiling['best_settings']) == {'total_rounds', 'rounds_per_full_eval',
-                                             'num_negatives', 'lr_scale'}
+                                             'early_stopping_patience', 'num_negatives',
+                                             'lr_scale'}
     # The floor is the popularity the best trial's summary carries (what
     # --algorithm=itempop reaches: test_popularity_floor.py); nothing trains it.
     floor = json.loads((pathlib.Path(record['best_run_dir']) / 'summary.json').read_text())

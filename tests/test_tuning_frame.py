@@ -64,13 +64,15 @@ def test_the_floor_gives_only_the_protocols_the_runs_evaluated(tmp_path):
 def test_the_ceiling_ranks_every_epoch_and_is_the_search_a_central_tuner_call_makes():
     """So a ceiling searched apart, beside the main search on the other core,
     is the one the frame resumes (and the epoch it picks is not rounded to
-    the federated schedule)."""
+    the federated schedule, and a trial ends past its peak)."""
     from tff_fedrecgel import tuning
 
     main = tuning.TuneConfig.create('synthetic', fixed={'total_rounds': 400,
                                                         'rounds_per_full_eval': 10}, trials=5)
     ceiling = tuning_frame.ceiling_config(main)
-    assert ceiling.base == {'total_rounds': tuning_frame.CEILING_EPOCHS, 'rounds_per_full_eval': 1}
+    assert ceiling.base == {'total_rounds': tuning_frame.CEILING_EPOCHS, 'rounds_per_full_eval': 1,
+                            'early_stopping_patience': tuning_frame.CEILING_PATIENCE}
     apart = tuning.TuneConfig.create('synthetic', algorithm='central', trials=3, fixed={
-        'total_rounds': tuning_frame.CEILING_EPOCHS, 'rounds_per_full_eval': 1})
+        'total_rounds': tuning_frame.CEILING_EPOCHS, 'rounds_per_full_eval': 1,
+        'early_stopping_patience': tuning_frame.CEILING_PATIENCE})
     assert apart.definition == ceiling.definition
