@@ -29,7 +29,7 @@ CEILING = methods.CENTRAL
 # The central model's epochs at most (a round is an epoch; a search with
 # fewer rounds per trial gives its ceiling as few), and the epochs without a
 # better validation HR@10 after which a trial ends. At its default rate it
-# peaks at epoch 47 on LastFM-2K but by the fifth on a generated log
+# peaks at epochs 47-54 on LastFM-2K but by the fifth on a generated log
 # (docs/RESULTS.md, "Transfer"): a fixed count either cuts the one short or
 # spends most of the other past its peak. Its validation curve can stall
 # for 5 epochs and rise again, hence 8.

@@ -75,13 +75,11 @@ def check_folder(root: pathlib.Path, definition: Mapping[str, Any]) -> None:
 
 
 def _compare(study: optuna.Study, root: pathlib.Path, definition: Mapping[str, Any]) -> None:
+    wanted = _plain(definition)
     held = study.user_attrs.get(DEFINITION)
     if held is None:  # New, or written before studies kept theirs: its trials tell.
         drawn = {k for t in study.get_trials(deepcopy=False) for k in t.params}
-        held = _plain(definition)
-        if not drawn <= set(held['space']):
-            held['space'] = sorted(drawn)
-    wanted = _plain(definition)
+        held = wanted if drawn <= set(wanted['space']) else {**wanted, 'space': sorted(drawn)}
     changed = sorted(k for k in set(held) | set(wanted) if held.get(k) != wanted.get(k))
     base = []
     if changed == ['base']:  # Name the fixed settings that differ.
