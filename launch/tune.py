@@ -101,9 +101,11 @@ _ROOT_OUTPUT_DIR = flags.DEFINE_string(
     'root_output_dir', None, 'The tuning folder (default: runs/tune_<task>_<algorithm>).')
 
 # Of the evaluation settings a search leaves to the user: who never trains
-# (trials then report heldout/... as a run does). Listed with this file's flags.
+# (trials then report heldout/... as a run does), and when a trial past its
+# peak ends (so a large --total_rounds is a cap, not a cost). Listed with
+# this file's flags.
 _tree_flags.define('evaluation', flags.FLAGS.find_module_defining_flag('trials'),
-                   only=('heldout_users',))
+                   only=('heldout_users', 'early_stopping_patience'))
 
 # Settings a search never takes from the flags: they are the search's own.
 _FIXED_BY_THE_SEARCH = ('validation', 'eval_protocol', 'preset')

@@ -97,6 +97,13 @@ def test_search_resumes_after_sigkill_and_its_preset_reproduces(tmp_path):
         'holds a search with other settings (total_rounds); resume it with the same ones or '
         'use another tuning folder (--root_output_dir)'), result.stderr
     assert (root / tuning_study.STUDY_FILE).read_bytes() == study
+    # A trial's patience is part of what the search is (the frame's ceiling
+    # searched apart gives it as a flag).
+    result = _tune([*SEARCH, '--early_stopping_patience=3', '--trials=4',
+                    f'--root_output_dir={root}'])
+    assert result.returncode != 0 and 'Traceback' not in result.stderr
+    assert 'holds a search with other settings (early_stopping_patience)' in result.stderr
+    assert (root / tuning_study.STUDY_FILE).read_bytes() == study
 
 
 @pytest.mark.parametrize('args, message', [
@@ -108,6 +115,7 @@ def test_search_resumes_after_sigkill_and_its_preset_reproduces(tmp_path):
     (['--server_lr=-1'], 'server_lr must be > 0'),
     (['--top_ks=10,200'], 'top_ks must be <= 100 each'),
     (['--prune_after=1'], 'prune_after must be in [0, 1)'),
+    (['--early_stopping_patience=0'], 'early_stopping_patience must be >= 1'),
 ])
 def test_bad_searches_are_refused_and_write_nothing(tmp_path, args, message):
     root = tmp_path / 'search'
