@@ -350,6 +350,39 @@ def test_a_slow_starter_lives_through_the_pruning_warm_up(tmp_path, prune_after,
         tuning.TuneConfig(task='synthetic', prune_after=1)
 
 
+class _FlatExperiment:
+    """A stand-in for `api.experiment`: the first trial holds 0.5 every
+    round, the later ones 0.1."""
+
+    made = 0
+
+    def __init__(self, *args, total_rounds, **kwargs):
+        import types
+
+        self.settings = types.SimpleNamespace(total_rounds=total_rounds)
+        self.value = 0.5 if _FlatExperiment.made == 0 else 0.1
+        _FlatExperiment.made += 1
+
+    def train(self, on_round_end):
+        for round_num in range(1, self.settings.total_rounds + 1):
+            on_round_end(round_num, {'valid_full': {'ndcg@10': self.value}})
+        return {'seconds_per_round': 0.0, 'rounds': self.settings.total_rounds}
+
+
+def test_one_completed_trial_is_enough_to_prune_the_ones_below_it(tmp_path):
+    """So a search of expensive trials (the first being `auto`'s recipe)
+    stops the hopeless ones at their first evaluation."""
+    import types
+
+    _FlatExperiment.made = 0
+    config = tuning.TuneConfig(task='synthetic', trials=3, space=tuning.search_space(['server_lr']),
+                               base={'total_rounds': 20}, start_from_auto=False)
+    record = tuning.run_search(config, root=tmp_path, split=types.SimpleNamespace(valid_items=[0]),
+                               make_experiment=_FlatExperiment)
+    assert [t['state'] for t in record['trials_this_call']] == ['complete', 'pruned', 'pruned']
+    assert _FlatExperiment.made == 3 and record['best_trial'] == 0
+
+
 def test_a_trial_stopped_by_a_signal_is_reported_without_optunas_warnings(monkeypatch):
     tuning_study.quiet_optuna()
     tuning_study.quiet_optuna()  # Once is enough: no second filter, no second line.

@@ -20,6 +20,7 @@ from typing import Any
 
 import optuna
 
+from tff_fedrecgel import recipes
 from tff_fedrecgel.errors import DataError
 
 STUDY_FILE = 'study.db'
@@ -111,7 +112,8 @@ def open_study(root: pathlib.Path, seed: int, definition: Mapping[str, Any]) -> 
     study = optuna.create_study(
         study_name=STUDY_NAME, storage=f'sqlite:///{root / STUDY_FILE}',
         direction='maximize', load_if_exists=True,
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0))
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=recipes.TUNER_PRUNE_FROM_TRIALS,
+                                           n_warmup_steps=0))
     _compare(study, root, definition)
     if study.user_attrs.get(DEFINITION) is None:
         study.set_user_attr(DEFINITION, _plain(definition))
