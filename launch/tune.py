@@ -68,8 +68,8 @@ _MAX_MINUTES = flags.DEFINE_float('max_minutes', None,
                                   'Wall-clock budget of this call, in minutes.')
 _TRIAL_MINUTES = flags.DEFINE_float(
     'trial_minutes', None, 'Wall-clock limit of one trial, in minutes: a trial past it '
-    f'(or past the budget\'s end) is pruned (default: {recipes.TUNER_TRIAL_SHARE:g} of '
-    '--max_minutes).')
+    f'is pruned (default: {recipes.TUNER_TRIAL_SHARE:g} of --max_minutes); one the '
+    'budget\'s end cuts runs on from its last checkpoint when the search resumes.')
 _OBJECTIVE = flags.DEFINE_string(
     'objective', 'valid_full/ndcg@10',
     'Validation metric to maximize: valid_full/<metric> (full ranking) or '
@@ -177,11 +177,11 @@ def main(argv: list[str]) -> int:
           f'folder {root_dir}', flush=True)
 
     def trial_line(record, prefix=''):
-        state = record['state'] + (' on the wall clock' if record.get('stopped') == 'wall clock'
-                                   else '')
+        state = record['state'] + {'wall clock': ' on the wall clock',
+                                   'budget': ' at the budget\'s end'}.get(record.get('stopped'), '')
         value = ('before its first evaluation' if record['value'] is None
                  else f'{config.objective} {record["value"]:.4f}')
-        again = ('; it runs again when the search resumes'
+        again = ('; it runs on from its last checkpoint when the search resumes'
                  if record['state'] == 'interrupted' else '')
         print(f'{prefix}trial {record["trial"]}: {state}, {value} '
               f'in {record["wall_seconds"]:.0f} s, '

@@ -440,6 +440,7 @@ def test_a_stopped_or_killed_trial_runs_again_with_its_settings_when_resumed(tmp
     record = tuning.run_search(config, root=tmp_path, split=split, make_experiment=_StoppedOnce)
     first, again, drawn = _StoppedOnce.made[:3]
     assert again['server_lr'] == first['server_lr']
+    assert again['run_dir'] == first['run_dir'] != drawn['run_dir']  # It trains on there.
     assert [t['trial'] for t in record['trials_this_call']] == [1, 2]
     # The resumed call's own draw is new, not the first call's again.
     assert drawn['server_lr'] != first['server_lr']
@@ -453,9 +454,62 @@ def test_a_stopped_or_killed_trial_runs_again_with_its_settings_when_resumed(tmp
     more = dataclasses.replace(config, trials=3)
     record = tuning.run_search(more, root=tmp_path, split=split, make_experiment=_StoppedOnce)
     assert _StoppedOnce.made[-1]['server_lr'] == killed.params['server_lr']
+    # It named no folder (as trials of older versions): it trains on in its number's.
+    assert _StoppedOnce.made[-1]['run_dir'].name == f'trial_{killed.number:03d}'
     assert [t['trial'] for t in record['trials_this_call']] == [4]
     record = tuning.run_search(more, root=tmp_path, split=split, make_experiment=_StoppedOnce)
     assert record['trials_this_call'] == []  # Retried once: nothing queued again.
+
+
+class _ResumingExperiment:
+    """A stand-in for `api.experiment` that keeps its rows in its run folder
+    and resumes after them, as a run resumes from its checkpoint; 50 ms a
+    round, its metric 0.9 at round 1 and 0.1 after."""
+
+    starts = []
+
+    def __init__(self, *args, run_dir, total_rounds=100, **kwargs):
+        self.run_dir, self.total = pathlib.Path(run_dir), total_rounds
+
+    def train(self, on_round_end):
+        path = self.run_dir / 'metrics.csv'
+        done = len(path.read_text().splitlines()) - 1 if path.exists() else 0
+        _ResumingExperiment.starts.append((self.run_dir.name, done))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not done:
+            path.write_text('round,valid_full/ndcg@10\n')
+        for round_num in range(done + 1, self.total + 1):
+            time.sleep(0.05)
+            value = 0.9 if round_num == 1 else 0.1
+            with open(path, 'a', encoding='utf-8') as f:
+                f.write(f'{round_num},{value}\n')
+            on_round_end(round_num, {'valid_full': {'ndcg@10': value}})
+        return {'seconds_per_round': 0.05, 'rounds': self.total}
+
+
+def test_a_trial_the_budgets_end_cuts_trains_on_from_its_checkpoint_next_call(tmp_path):
+    """Cut by the call's budget, not by its own limit, a trial is not judged
+    by it: the next call resumes its run, and its earlier rounds count."""
+    import types
+
+    split = types.SimpleNamespace(valid_items=[0])
+    config = tuning.TuneConfig(task='synthetic', trials=1, space=tuning.search_space(['server_lr']),
+                               max_minutes=0.02, trial_minutes=10, start_from_auto=False)
+    _ResumingExperiment.starts = []
+    record = tuning.run_search(config, root=tmp_path, split=split,
+                               make_experiment=_ResumingExperiment)
+    (cut,) = record['trials_this_call']
+    assert (cut['state'], cut['stopped']) == ('interrupted', 'budget')
+    assert record['finished_trials'] == 0 and 'preset_file' not in record
+    record = tuning.run_search(dataclasses.replace(config, max_minutes=None), root=tmp_path,
+                               split=split, make_experiment=_ResumingExperiment)
+    (again,) = record['trials_this_call']
+    assert again['state'] == 'complete' and again['trial'] == 1
+    (first, _), (resumed, done) = _ResumingExperiment.starts
+    assert first == resumed == 'trial_000' and 0 < done < 100
+    # Round 1's 0.9 was trained before the cut: it counts only through the folder.
+    assert record['best_value'] == 0.9 and again['value'] == 0.9
+    assert record['best_run_dir'] == str(tmp_path / 'trials' / 'trial_000')
 
 
 def test_a_folder_holding_another_search_is_refused_and_kept_as_it_was(tmp_path):

@@ -17,9 +17,10 @@ of running trials on their intermediate values, and an SQLite study that
 resumes after SIGKILL without a server (Vizier's service needs one).
 
 Trials also stop on the wall clock: one past its share of the budget
-(`trial_minutes`, by default a quarter of `max_minutes`) or past the
-budget's end is pruned and marked `stopped: wall clock`, so one slow
-setting (ten local epochs over a fifth of the users) cannot spend it.
+(`trial_minutes`, by default a quarter of `max_minutes`) is pruned and
+marked `stopped: wall clock`, so one slow setting (ten local epochs over a
+fifth of the users) cannot spend it; one the budget's end cuts is
+interrupted, and the next call resumes it from its last checkpoint.
 
 A new search's first trial is the `auto` preset's recipe for the data (its
 values of the searched settings), so the search starts from what the project
@@ -359,24 +360,34 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
 
     def objective(trial: optuna.Trial) -> float:
         values = suggest_settings(trial, config.space, config.algorithm)
-        run_dir = root / 'trials' / f'trial_{trial.number:03d}'
+        run_dir = root / 'trials' / tuning_study.trial_folder(trial)
+        trial.set_user_attr(tuning_study.RUN_DIR, run_dir.name)
+        earlier = tuning_study.earlier_curve(run_dir, config.objective)
         start = time.perf_counter()
-        ends = [t for t in (deadline, limit and time.monotonic() + 60 * limit) if t]
-        stop_at = min(ends) if ends else None
+        own_end = limit and time.monotonic() + 60 * limit
         best, stopped = [None], [None]  # None: stopped before its first evaluation.
 
+        def note(round_num, value):
+            best[0] = value if best[0] is None else max(best[0], value)
+            trial.report(value, step=round_num)
+
         def report(round_num, released):
+            while earlier and earlier[0][0] < round_num:  # A retry's rounds before its checkpoint.
+                note(*earlier.pop(0))
             if group in released:
-                value = float(released[group][metric])
-                best[0] = value if best[0] is None else max(best[0], value)
-                trial.report(value, step=round_num)
+                note(round_num, float(released[group][metric]))
                 if round_num >= prunable_from and trial.should_prune():
                     stopped[0] = 'metric'
                     raise optuna.TrialPruned()
-            if stop_at is not None and time.monotonic() > stop_at:
+            now = time.monotonic()
+            if own_end and now > own_end:  # Too slow by the user's rule.
                 stopped[0] = 'wall clock'
                 trial.set_user_attr('stopped', stopped[0])
                 raise optuna.TrialPruned()
+            if deadline is not None and now > deadline:  # Not its fault: resumed next call.
+                stopped[0] = 'budget'
+                trial.set_user_attr(tuning_study.INTERRUPTED, True)
+                raise _BudgetEnd()
 
         experiment = make_experiment(
             config.task, run_dir=run_dir, split=split, algorithm=config.algorithm,
@@ -393,10 +404,10 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
         except optuna.TrialPruned:
             state = 'pruned'
             raise
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, _BudgetEnd) as stop:
             state = 'interrupted'
             trial.set_user_attr(tuning_study.INTERRUPTED, True)
-            raise
+            raise stop
         finally:
             wall = time.perf_counter() - start
             rounds_seconds = (summary['seconds_per_round'] * summary['rounds']
@@ -415,9 +426,17 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             break
-        study.optimize(objective, n_trials=1, timeout=left,
-                       catch=(), gc_after_trial=True)
+        try:
+            study.optimize(objective, n_trials=1, timeout=left,
+                           catch=(), gc_after_trial=True)
+        except _BudgetEnd:
+            break
     return _write_best(study, config, root, timings)
+
+
+class _BudgetEnd(Exception):
+    """The call's budget ended inside a trial: it runs again, from its run's
+    last checkpoint, when the search resumes."""
 
 
 def _write_best(study: optuna.Study, config: TuneConfig, root: pathlib.Path,
@@ -445,7 +464,7 @@ def _write_best(study: optuna.Study, config: TuneConfig, root: pathlib.Path,
                    if k not in run_settings.NOT_PRESETTABLE}, **best.params}
     preset = {'settings': settings, 'objective': config.objective, 'value': best.value,
               'trial': best.number, 'task': config.task, 'algorithm': config.algorithm,
-              'run_dir': str(root / 'trials' / f'trial_{best.number:03d}')}
+              'run_dir': str(root / 'trials' / tuning_study.trial_folder(best))}
     path = root / BEST_PRESET
     _write_json(path, preset)
     _write_json(root / PROGRESS, {**progress, 'best_trial': best.number})

@@ -12,6 +12,7 @@ Trials a killed or interrupted search left unfinished run again, once.
 from __future__ import annotations
 
 from collections.abc import Mapping
+import csv
 import json
 import logging
 import pathlib
@@ -27,6 +28,15 @@ STUDY_FILE = 'study.db'
 STUDY_NAME = 'tune'
 # Trial attributes: stopped by a signal; the trial whose settings it runs again.
 INTERRUPTED, RETRY_OF = 'interrupted', 'retry_of'
+# A trial's run folder under `trials/`: a retry trains on in the folder of
+# the trial it retries, from that run's last checkpoint.
+RUN_DIR = 'run_dir'
+
+
+def trial_folder(trial: optuna.trial.FrozenTrial | optuna.Trial) -> str:
+    """The name of a trial's run folder under `trials/` (its own number's,
+    unless it retries another trial)."""
+    return trial.user_attrs.get(RUN_DIR, f'trial_{trial.number:03d}')
 # The study attribute holding the search's definition.
 DEFINITION = 'definition'
 
@@ -129,15 +139,29 @@ def open_study(root: pathlib.Path, seed: int, definition: Mapping[str, Any]) -> 
 
 def _retry_interrupted(study: optuna.Study, killed: set[int]) -> None:
     """Queues each interrupted or killed trial's settings again, once, under
-    a new number: a stopped search resumes with the trial it was running. A
-    trial that failed on an error is not retried (it would fail again)."""
+    a new number and in its run folder (`RUN_DIR`): a stopped search resumes
+    the trial it was running from that run's last checkpoint. A trial that
+    failed on an error is not retried (it would fail again)."""
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get(RETRY_OF) for t in trials}
     for t in trials:
         if (t.state == optuna.trial.TrialState.FAIL and t.number not in retried
                 and (t.user_attrs.get(INTERRUPTED) or t.number in killed)):
             attrs = {k: v for k, v in t.user_attrs.items() if k not in (INTERRUPTED, RETRY_OF)}
-            study.enqueue_trial(t.params, user_attrs={**attrs, RETRY_OF: t.number})
+            study.enqueue_trial(t.params, user_attrs={**attrs, RUN_DIR: trial_folder(t),
+                                                      RETRY_OF: t.number})
+
+
+def earlier_curve(run_dir: pathlib.Path, column: str) -> list[tuple[int, float]]:
+    """`(round, value)` of `column` in the rows a run folder already holds
+    (none for a new trial): a retry resumes there, and the rounds before its
+    checkpoint count for it as they did for the trial it retries."""
+    path = run_dir / 'metrics.csv'
+    if not path.exists():
+        return []
+    with open(path, newline='', encoding='utf-8') as f:
+        return [(int(row['round']), float(row[column])) for row in csv.DictReader(f)
+                if row.get(column)]
 
 
 def finished(study: optuna.Study) -> int:
