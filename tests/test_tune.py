@@ -487,11 +487,17 @@ class _ResumingExperiment:
         return {'seconds_per_round': 0.05, 'rounds': self.total}
 
 
-def test_a_trial_the_budgets_end_cuts_trains_on_from_its_checkpoint_next_call(tmp_path):
+def test_a_trial_the_budgets_end_cuts_trains_on_from_its_checkpoint_next_call(
+        tmp_path, monkeypatch):
     """Cut by the call's budget, not by its own limit, a trial is not judged
     by it: the next call resumes its run, and its earlier rounds count."""
     import types
 
+    tuning_study.quiet_optuna()
+    shown = io.StringIO()
+    for handler in logging.getLogger('optuna').handlers:
+        if type(handler) is logging.StreamHandler:  # Optuna's own, to stderr.
+            monkeypatch.setattr(handler, 'stream', shown)
     split = types.SimpleNamespace(valid_items=[0])
     config = tuning.TuneConfig(task='synthetic', trials=1, space=tuning.search_space(['server_lr']),
                                max_minutes=0.02, trial_minutes=10, start_from_auto=False)
@@ -500,6 +506,7 @@ def test_a_trial_the_budgets_end_cuts_trains_on_from_its_checkpoint_next_call(tm
                                make_experiment=_ResumingExperiment)
     (cut,) = record['trials_this_call']
     assert (cut['state'], cut['stopped']) == ('interrupted', 'budget')
+    assert 'failed' not in shown.getvalue()  # Its own line says it; no Optuna traceback.
     assert record['finished_trials'] == 0 and 'preset_file' not in record
     record = tuning.run_search(dataclasses.replace(config, max_minutes=None), root=tmp_path,
                                split=split, make_experiment=_ResumingExperiment)

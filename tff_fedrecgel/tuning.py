@@ -387,7 +387,7 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
             if deadline is not None and now > deadline:  # Not its fault: resumed next call.
                 stopped[0] = 'budget'
                 trial.set_user_attr(tuning_study.INTERRUPTED, True)
-                raise _BudgetEnd()
+                raise tuning_study.BudgetEnd()
 
         experiment = make_experiment(
             config.task, run_dir=run_dir, split=split, algorithm=config.algorithm,
@@ -404,7 +404,7 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
         except optuna.TrialPruned:
             state = 'pruned'
             raise
-        except (KeyboardInterrupt, _BudgetEnd) as stop:
+        except (KeyboardInterrupt, tuning_study.BudgetEnd) as stop:
             state = 'interrupted'
             trial.set_user_attr(tuning_study.INTERRUPTED, True)
             raise stop
@@ -429,14 +429,9 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
         try:
             study.optimize(objective, n_trials=1, timeout=left,
                            catch=(), gc_after_trial=True)
-        except _BudgetEnd:
+        except tuning_study.BudgetEnd:
             break
     return _write_best(study, config, root, timings)
-
-
-class _BudgetEnd(Exception):
-    """The call's budget ended inside a trial: it runs again, from its run's
-    last checkpoint, when the search resumes."""
 
 
 def _write_best(study: optuna.Study, config: TuneConfig, root: pathlib.Path,

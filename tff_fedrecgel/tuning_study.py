@@ -41,9 +41,15 @@ def trial_folder(trial: optuna.trial.FrozenTrial | optuna.Trial) -> str:
 DEFINITION = 'definition'
 
 
+class BudgetEnd(Exception):
+    """The call's budget ended inside a trial: it runs again, from its run's
+    last checkpoint, when the search resumes."""
+
+
 class _QuietInterrupts(logging.Filter):
     """Drops Optuna's two warnings (and traceback) of a trial stopped by a
-    signal: the trial's own line says it runs again when the search resumes."""
+    signal or by the budget's end: the trial's own line says it runs again
+    when the search resumes."""
 
     def __init__(self):
         super().__init__()
@@ -53,7 +59,7 @@ class _QuietInterrupts(logging.Filter):
         trial = re.match(r'Trial (\d+) failed', record.getMessage())
         if trial is None:
             return True
-        if record.exc_info and issubclass(record.exc_info[0], KeyboardInterrupt):
+        if record.exc_info and issubclass(record.exc_info[0], (KeyboardInterrupt, BudgetEnd)):
             self._interrupted.add(trial.group(1))
         return trial.group(1) not in self._interrupted
 
