@@ -463,8 +463,9 @@ def test_a_stopped_or_killed_trial_runs_again_with_its_settings_when_resumed(tmp
 
 class _ResumingExperiment:
     """A stand-in for `api.experiment` that keeps its rows in its run folder
-    and resumes after them, as a run resumes from its checkpoint; 50 ms a
-    round, its metric 0.9 at round 1 and 0.1 after."""
+    and resumes from a checkpoint two rounds behind them (a run is cut
+    between checkpoints, and resuming drops the rows after its checkpoint);
+    100 ms a round, its metric 0.9 at round 1 and 0.1 after."""
 
     starts = []
 
@@ -473,22 +474,24 @@ class _ResumingExperiment:
 
     def train(self, on_round_end):
         path = self.run_dir / 'metrics.csv'
-        done = len(path.read_text().splitlines()) - 1 if path.exists() else 0
+        rows = path.read_text().splitlines() if path.exists() else ['round,valid_full/ndcg@10']
+        done = max(0, len(rows) - 3)
         _ResumingExperiment.starts.append((self.run_dir.name, done))
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if not done:
-            path.write_text('round,valid_full/ndcg@10\n')
+        path.write_text('\n'.join(rows[:done + 1]) + '\n')
+        start = time.perf_counter()
         for round_num in range(done + 1, self.total + 1):
-            time.sleep(0.05)
+            time.sleep(0.1)
             value = 0.9 if round_num == 1 else 0.1
             with open(path, 'a', encoding='utf-8') as f:
                 f.write(f'{round_num},{value}\n')
             on_round_end(round_num, {'valid_full': {'ndcg@10': value}})
-        return {'seconds_per_round': 0.05, 'rounds': self.total}
+        seconds = (time.perf_counter() - start) / (self.total - done)
+        return {'seconds_per_round': seconds, 'rounds': self.total}
 
 
 def test_a_trial_the_budgets_end_cuts_trains_on_from_its_checkpoint_next_call(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, recwarn):
     """Cut by the call's budget, not by its own limit, a trial is not judged
     by it: the next call resumes its run, and its earlier rounds count."""
     import types
@@ -500,7 +503,8 @@ def test_a_trial_the_budgets_end_cuts_trains_on_from_its_checkpoint_next_call(
             monkeypatch.setattr(handler, 'stream', shown)
     split = types.SimpleNamespace(valid_items=[0])
     config = tuning.TuneConfig(task='synthetic', trials=1, space=tuning.search_space(['server_lr']),
-                               max_minutes=0.02, trial_minutes=10, start_from_auto=False)
+                               base={'total_rounds': 60}, max_minutes=0.05, trial_minutes=10,
+                               start_from_auto=False)
     _ResumingExperiment.starts = []
     record = tuning.run_search(config, root=tmp_path, split=split,
                                make_experiment=_ResumingExperiment)
@@ -513,7 +517,11 @@ def test_a_trial_the_budgets_end_cuts_trains_on_from_its_checkpoint_next_call(
     (again,) = record['trials_this_call']
     assert again['state'] == 'complete' and again['trial'] == 1
     (first, _), (resumed, done) = _ResumingExperiment.starts
-    assert first == resumed == 'trial_000' and 0 < done < 100
+    assert first == resumed == 'trial_000' and 0 < done < 60
+    # Each round is reported once: the rounds after the checkpoint are trained again...
+    assert not [w for w in recwarn if 'already reported' in str(w.message)]
+    # ...and the overhead is over the rounds this call trained, not all of them.
+    assert again['overhead_seconds'] >= 0
     # Round 1's 0.9 was trained before the cut: it counts only through the folder.
     assert record['best_value'] == 0.9 and again['value'] == 0.9
     assert record['best_run_dir'] == str(tmp_path / 'trials' / 'trial_000')

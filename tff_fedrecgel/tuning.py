@@ -366,14 +366,19 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
         start = time.perf_counter()
         own_end = limit and time.monotonic() + 60 * limit
         best, stopped = [None], [None]  # None: stopped before its first evaluation.
+        ran = [0]  # Rounds trained in this call (a retry starts at its checkpoint).
 
         def note(round_num, value):
             best[0] = value if best[0] is None else max(best[0], value)
             trial.report(value, step=round_num)
 
         def report(round_num, released):
-            while earlier and earlier[0][0] < round_num:  # A retry's rounds before its checkpoint.
-                note(*earlier.pop(0))
+            ran[0] += 1
+            if earlier:  # A retry: its rounds before the checkpoint count, later ones rerun.
+                for row in earlier:
+                    if row[0] < round_num:
+                        note(*row)
+                earlier.clear()
             if group in released:
                 note(round_num, float(released[group][metric]))
                 if round_num >= prunable_from and trial.should_prune():
@@ -410,8 +415,7 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
             raise stop
         finally:
             wall = time.perf_counter() - start
-            rounds_seconds = (summary['seconds_per_round'] * summary['rounds']
-                              if summary else None)
+            rounds_seconds = summary['seconds_per_round'] * ran[0] if summary else None
             record = {'trial': trial.number, 'state': state, 'stopped': stopped[0],
                       'settings': values, 'value': best[0], 'wall_seconds': round(wall, 1),
                       'overhead_seconds': (round(wall - rounds_seconds, 1)
