@@ -71,14 +71,14 @@ def test_search_resumes_after_sigkill_and_its_preset_reproduces(tmp_path):
         f'| fedrecgel (tuned, trial {record["best_trial"]})']
     preset = json.loads((root / tuning.BEST_PRESET).read_text())
     assert set(preset['settings']) == {'total_rounds', 'server_lr', 'num_negatives',
-                                       'top_ks', 'eval_negatives'}
+                                       'top_ks', 'eval_negatives', 'validation',
+                                       'eval_protocol'}
     trial_hparams = json.loads((pathlib.Path(preset['run_dir']) / 'hparams.json').read_text())
     assert trial_hparams['eval_negatives'] == 49 and trial_hparams['top_ks'] == [5, 10]
     # The best trial's folder is an ordinary run; train.py with the preset
     # reproduces its validation metric exactly.
     best_rows = pd.read_csv(os.path.join(preset['run_dir'], 'metrics.csv'))
-    code, output = _run([*DATA, f'--preset={root / tuning.BEST_PRESET}', '--validation',
-                         '--eval_protocol=both', '--progress=false',
+    code, output = _run([*DATA, f'--preset={root / tuning.BEST_PRESET}', '--progress=false',
                          f'--root_output_dir={tmp_path}', '--experiment_name=again'],
                         tmp_path)
     assert code == 0, output

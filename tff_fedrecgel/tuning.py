@@ -459,7 +459,9 @@ def _write_best(study: optuna.Study, config: TuneConfig, root: pathlib.Path,
         _write_json(root / PROGRESS, progress)
         return record
     best = max(completed, key=lambda t: t.value)
-    settings = {**{k: v for k, v in config.base.items()
+    # The trials' protocol too, so that a run of the preset alone reproduces the best trial.
+    settings = {'validation': True, 'eval_protocol': config.eval_protocol,
+                **{k: v for k, v in config.base.items()
                    if k not in run_settings.NOT_PRESETTABLE}, **best.params}
     preset = {'settings': settings, 'objective': config.objective, 'value': best.value,
               'trial': best.number, 'task': config.task, 'algorithm': config.algorithm,
