@@ -280,4 +280,19 @@ def test_flagfile_with_plain_progress_lines(tmp_path):
     assert '\r' not in output
     progress = [l for l in output.splitlines() if l.startswith('round ')]
     assert [l.split()[1] for l in progress] == ['1/2', '2/2'], output
-    assert 'hr@10=' in progress[-1] and 'left 00:00' in progress[-1]
+    assert 'sampled hr@10=' in progress[-1] and 'left 00:00' in progress[-1]
+
+
+def test_progress_line_shows_the_validation_chosen_figure(tmp_path):
+    """With a validation item the progress line shows what the headline
+    will: the test HR@10 at the round chosen on it so far, named by its
+    protocol (not the round's own figure)."""
+    code, output = _run([*SMALL[:3], '--preset=paper', '--total_rounds=3', '--validation',
+                         '--eval_protocol=both', '--rounds_per_full_eval=1', '--progress',
+                         f'--root_output_dir={tmp_path}', '--experiment_name=chosen'],
+                        tmp_path)
+    assert code == 0, output
+    headline = _summary(output)['headline']
+    progress = [l for l in output.splitlines() if l.startswith('round ')]
+    assert (f'valid-chosen r{headline["round"]} full hr@10='
+            f'{headline["test_full/hr@10"]:.4f}  ') in progress[-1], progress

@@ -248,6 +248,25 @@ class EvaluationPlan:
                 **{f'test{suffix}/{m}': float(record[f'test{suffix}/{m}'])
                    for m in shown}}
 
+    def progress_fields(self, best: Mapping,
+                        released: Mapping[str, Mapping[str, float]]) -> dict[str, str]:
+        """The progress line's figure, named by its protocol: with a
+        validation item, the test HR@10 at the round chosen on it so far (the
+        served one, as the headline will be); without one, this round's test
+        HR@10 (a test-selected best is the paper's figure, not a result)."""
+        if self.served_selection:
+            record = best[self.served_selection]
+            protocol = protocols_lib.of_group(self.served_selection)
+            if int(record['round']) <= 0:
+                return {}
+            return {f'valid-chosen r{int(record["round"])} {protocol.name} hr@10':
+                    f'{float(record[f"test{protocol.suffix}/hr@10"]):.4f}'}
+        for protocol in self.protocols:
+            group = protocols_lib.get(protocol).group('test')
+            if group in released:
+                return {f'{protocol} hr@10': f'{float(released[group]["hr@10"]):.4f}'}
+        return {}
+
     def popularity(self, simulation) -> dict[str, float]:
         """The popularity floor of the test item under each protocol, keyed
         as the test groups (`test/hr@10`, `test_full/hr@10`, ...): what the

@@ -398,7 +398,7 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
 
     bar = progress_lib.progress_display(
         total=total_rounds, initial=simulation.round_num, enabled=progress)
-    test_metrics = None
+    test_metrics, shown = None, plan.progress_fields(best, {})
     try:
         for round_num in range(start_round, total_rounds + 1):
             train = simulation.run_round()
@@ -412,6 +412,7 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
             if len(released) > 1:
                 best = plan.update_best(best, round_num, released)
                 test_metrics = released.get('test', released.get('test_full'))
+                shown = plan.progress_fields(best, released)
                 if selected is not None and served in released:
                     with _writing(f'the selected state in {paths.selected}'):
                         chosen = selected.save_if_chosen(simulation, best, round_num)
@@ -425,11 +426,8 @@ def _run(simulation, loop, paths, total_rounds, plan, rounds_per_checkpoint, hpa
                 loop.run_until_complete(tb_manager.release(released, key=round_num))
             if on_round_end is not None:
                 on_round_end(round_num, released)
-            bar.set_postfix(
-                {'hr@10': f'{test_metrics["hr@10"]:.4f}' if test_metrics else '-',
-                 'loss': f'{train["loss"]:.4f}' if 'loss' in train else '-'},
-                refresh=False,
-            )
+            bar.set_postfix({**shown, 'loss': f'{train["loss"]:.4f}' if 'loss' in train else '-'},
+                            refresh=False)
             bar.update(1)
             stopped_early = bool(patience) and since_best >= patience
             checkpoint_due = rounds_per_checkpoint and (
