@@ -184,7 +184,8 @@ def main(argv: list[str]) -> int:
         again = ('; it runs on from its last checkpoint when the search resumes'
                  if record['state'] == 'interrupted' else '')
         print(f'{prefix}trial {record["trial"]}: {state}, {value} '
-              f'in {record["wall_seconds"]:.0f} s, '
+              f'in {record["wall_seconds"]:.0f} s'
+              f'{" (resumed from its checkpoint)" if record.get("resumed") else ""}, '
               f'{json.dumps(record["settings"])}{again}', flush=True)
 
     with api.Session():

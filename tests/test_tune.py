@@ -522,6 +522,8 @@ def test_a_trial_the_budgets_end_cuts_trains_on_from_its_checkpoint_next_call(
     assert not [w for w in recwarn if 'already reported' in str(w.message)]
     # ...and the overhead is over the rounds this call trained, not all of them.
     assert again['overhead_seconds'] >= 0
+    # Its wall time is this call's part only: no rate of trials an hour from it.
+    assert again['resumed'] and 'trials_per_hour' not in record
     # Round 1's 0.9 was trained before the cut: it counts only through the folder.
     assert record['best_value'] == 0.9 and again['value'] == 0.9
     assert record['best_run_dir'] == str(tmp_path / 'trials' / 'trial_000')

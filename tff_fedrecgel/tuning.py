@@ -363,6 +363,7 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
         run_dir = root / 'trials' / tuning_study.trial_folder(trial)
         trial.set_user_attr(tuning_study.RUN_DIR, run_dir.name)
         earlier = tuning_study.earlier_curve(run_dir, config.objective)
+        resumed = bool(earlier)  # Its wall time is this call's part only.
         start = time.perf_counter()
         own_end = limit and time.monotonic() + 60 * limit
         best, stopped = [None], [None]  # None: stopped before its first evaluation.
@@ -420,7 +421,7 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
                       'settings': values, 'value': best[0], 'wall_seconds': round(wall, 1),
                       'overhead_seconds': (round(wall - rounds_seconds, 1)
                                            if rounds_seconds is not None else None),
-                      'run_dir': str(run_dir)}
+                      'resumed': resumed, 'run_dir': str(run_dir)}
             timings.append(record)
             if on_trial_end is not None:
                 on_trial_end(record)
@@ -447,7 +448,8 @@ def _write_best(study: optuna.Study, config: TuneConfig, root: pathlib.Path,
         'finished_trials': tuning_study.finished(study), 'completed_trials': len(completed),
         'trials_this_call': timings,
     }
-    walls = [t['wall_seconds'] for t in timings if t['state'] in ('complete', 'pruned')]
+    walls = [t['wall_seconds'] for t in timings
+             if t['state'] in ('complete', 'pruned') and not t['resumed']]
     overheads = [t['overhead_seconds'] for t in timings if t['overhead_seconds'] is not None]
     if sum(walls) > 0:
         record['trials_per_hour'] = round(3600 * len(walls) / sum(walls), 1)
