@@ -141,7 +141,8 @@ class Task:
         if self.data_dir_may_be_file and os.path.isfile(data_dir):
             return data_dir
         if not os.path.exists(data_dir):
-            raise DataError(f'{data_dir}: data directory not found')
+            what = 'data file or directory' if self.data_dir_may_be_file else 'data directory'
+            raise DataError(f'{data_dir}: {what} not found')
         if not os.path.isdir(data_dir):
             from tff_fedrecgel.data.loaders import file_kind  # pylint: disable=g-import-not-at-top
 

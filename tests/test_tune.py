@@ -112,6 +112,8 @@ def test_search_resumes_after_sigkill_and_its_preset_reproduces(tmp_path):
     (['--space=warp_speed'], 'unknown search dimension'),
     (['--space=server_lr,+total_rounds'], 'not both'),
     (['--objective=test/hr@10'], 'objective must be a validation metric'),
+    (['--objective=valid_full/xyz'], "valid_full has no 'xyz'; choose one of hr@5, ndcg@5"),
+    (['--objective=valid/hr@15', '--top_ks=5,10'], "valid has no 'hr@15'"),
     (['--server_lr=-1'], 'server_lr must be > 0'),
     (['--top_ks=10,200'], 'top_ks must be <= 100 each'),
     (['--prune_after=1'], 'prune_after must be in [0, 1)'),

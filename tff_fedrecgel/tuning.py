@@ -208,9 +208,14 @@ class TuneConfig:
 
     def __post_init__(self):
         group, _, metric = self.objective.partition('/')
-        if group not in ('valid', 'valid_full') or not metric:
+        protocol = {p.group('valid'): p for p in (protocols.SAMPLED, protocols.FULL)}.get(group)
+        if protocol is None or not metric:
             raise DataError(f'objective must be a validation metric (valid/... or '
                             f'valid_full/...), got {self.objective!r}')
+        names = protocol.metric_names(self.base.get('top_ks', protocols.TOP_KS))
+        if metric not in names:
+            raise DataError(f'objective {self.objective!r}: {group} has no {metric!r}; '
+                            f'choose one of {", ".join(names)}')
         if self.trials < 1:
             raise DataError(f'trials must be >= 1, got {self.trials}')
         if self.max_minutes is not None and not self.max_minutes > 0:
