@@ -240,7 +240,7 @@ def test_api_tune_runs_the_same_search(tmp_path):
     assert ceiling['finished_trials'] == 1 and ceiling['algorithm'] == 'central'
     assert set(ceiling['best_settings']) == {'total_rounds', 'rounds_per_full_eval',
                                              'early_stopping_patience', 'num_negatives',
-                                             'lr_scale'}
+                                             'lr_scale', 'validation', 'eval_protocol'}
     # The floor is the popularity the best trial's summary carries (what
     # --algorithm=itempop reaches: test_popularity_floor.py); nothing trains it.
     floor = json.loads((pathlib.Path(record['best_run_dir']) / 'summary.json').read_text())
@@ -250,7 +250,7 @@ def test_api_tune_runs_the_same_search(tmp_path):
     assert popularity[4] == f'{floor["popularity"]["test_full/hr@10"]:.4f}'
     assert not (tmp_path / 'search' / 'floor').exists()
     preset = json.loads((tmp_path / 'search' / tuning.BEST_PRESET).read_text())
-    assert set(preset['settings']) == {'total_rounds', 'server_lr'}
+    assert set(preset['settings']) == {'total_rounds', 'server_lr', 'validation', 'eval_protocol'}
     # What a study runner waits on: the search reached its trials.
     assert json.loads((tmp_path / 'search' / tuning.PROGRESS).read_text()) == {
         'trials': 1, 'finished_trials': 1, 'done': True, 'best_trial': 0}

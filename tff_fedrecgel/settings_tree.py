@@ -236,8 +236,9 @@ TREE = (
                 range=_POSITIVE_INT),
         Setting('eval_scoring', 'How full ranking scores the users: batched, 32 users '
                 'per matrix product; exact, one user at a time as a device does, 1.3-2x '
-                'slower. Both give bit for bit the same scores (docs/PERFORMANCE.md, '
-                '"Scoring"). NeuMF methods only.',
+                'slower. Both give the same scores, bit for bit on CPUs whose matrix products '
+                'sum a row alike whatever their rows, else to float rounding '
+                '(docs/PERFORMANCE.md, "Scoring"). NeuMF methods only.',
                 choices=protocols.SCORINGS),
         Setting('heldout_users', 'Fraction of users that never train nor are sampled; each '
                 'evaluation rebuilds their embedding from their own training data '

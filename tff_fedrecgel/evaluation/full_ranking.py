@@ -23,11 +23,13 @@ client), GMF is one matrix product over all items, the remaining layers run
 as matrix products over blocks of items, and ranking needs only counts of
 items beating the target, no sort. The fast path scores 32 users against
 each block of 256 items in one matrix product of 8,192 rows; a client
-scores itself alone. Their scores are bit for bit the same: the per-user
-products (GMF, the user half of the first layer with its bias) run one user
-at a time in both, and the block products compute each row alone whatever
-the number of rows, so a user's scores do not depend on who it is scored
-with, nor on the block size (tests/test_full_ranking.py checks both).
+scores itself alone. The per-user products (GMF, the user half of the
+first layer with its bias) run one user at a time in both, so a user's
+scores depend on who it is scored with, and on the block size, only through
+the block products' row count: not at all where the CPU's products sum a
+row alike whatever their rows (bit for bit on the AVX-512 machine
+measured), by float rounding elsewhere (up to 1e-6 on an AVX2 one; no
+LastFM-2K user's rank moved). tests/test_full_ranking.py checks both.
 """
 
 import collections
