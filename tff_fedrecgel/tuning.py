@@ -208,7 +208,7 @@ class TuneConfig:
 
     def __post_init__(self):
         group, _, metric = self.objective.partition('/')
-        protocol = {p.group('valid'): p for p in (protocols.SAMPLED, protocols.FULL)}.get(group)
+        protocol = self._objective_protocol
         if protocol is None or not metric:
             raise DataError(f'objective must be a validation metric (valid/... or '
                             f'valid_full/...), got {self.objective!r}')
@@ -283,8 +283,13 @@ class TuneConfig:
                    objective=objective or DEFAULT_OBJECTIVE, **options)
 
     @property
+    def _objective_protocol(self) -> protocols.Protocol | None:
+        group = self.objective.partition('/')[0]
+        return {p.group('valid'): p for p in (protocols.SAMPLED, protocols.FULL)}.get(group)
+
+    @property
     def eval_protocol(self) -> str:
-        full = self.objective.startswith(protocols.FULL.group('valid') + '/')
+        full = self._objective_protocol is protocols.FULL
         return protocols.BOTH if full else protocols.SAMPLED.name
 
 
@@ -397,7 +402,6 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
                 raise optuna.TrialPruned()
             if deadline is not None and now > deadline:  # Not its fault: resumed next call.
                 stopped[0] = 'budget'
-                trial.set_user_attr(tuning_study.INTERRUPTED, True)
                 raise tuning_study.BudgetEnd()
 
         experiment = make_experiment(
