@@ -24,6 +24,7 @@ import dataclasses
 import datetime
 import errno
 import fcntl
+import gc
 import json
 import os
 import pathlib
@@ -41,6 +42,20 @@ RESUMABLE_CHANGES = frozenset(
 )
 # What a refusal of a busy run folder tells the user to change.
 _ELSEWHERE = '--experiment_name'
+
+
+def run_state_io(loop, coroutine) -> Any:
+    """Runs a TFF program-state save or load to its end; returns its result.
+
+    TFF's `FileProgramStateManager` holds every array of a state in a
+    `tf.Variable` of a SavedModel module that only Python's cycle collector
+    frees. A method with per-user state (FedRAP's rows on Amazon-Video, about
+    2 GiB by round 100) kept those copies for many rounds, so each save and
+    load is followed by a collection.
+    """
+    result = loop.run_until_complete(coroutine)
+    gc.collect()
+    return result
 
 
 @dataclasses.dataclass(frozen=True)

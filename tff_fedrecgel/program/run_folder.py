@@ -11,6 +11,7 @@ imports TensorFlow.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pathlib
@@ -113,9 +114,11 @@ def _read_state(path: pathlib.Path) -> Any:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import tree  # pylint: disable=g-import-not-at-top
 
-    state = tf.saved_model.load(str(path))()
-    return tree.map_structure(
-        lambda v: v.numpy() if isinstance(v, (tf.Tensor, tf.Variable)) else v, state)
+    state = tree.map_structure(
+        lambda v: v.numpy() if isinstance(v, (tf.Tensor, tf.Variable)) else v,
+        tf.saved_model.load(str(path))())
+    gc.collect()  # The loaded module's variables sit in reference cycles.
+    return state
 
 
 def load_checkpoint(run_dir: str | os.PathLike, *, round_num: int | None = None,

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow_federated as tff
 
-from tff_fedrecgel.program.outputs import ExperimentPaths
+from tff_fedrecgel.program.outputs import ExperimentPaths, run_state_io
 
 PREFIX = 'selected_state_'
 
@@ -61,7 +61,7 @@ class SelectedState:
             return False
         state = collections.OrderedDict(simulation=simulation.get_state(whole=True),
                                         round=np.int64(round_num))
-        self._loop.run_until_complete(self._manager.save(state, round_num))
+        run_state_io(self._loop, self._manager.save(state, round_num))
         return True
 
 

@@ -54,9 +54,8 @@ from tff_fedrecgel.program import tensorboard_extras
 from tff_fedrecgel.program import tensorboard_hparams
 from tff_fedrecgel.program.evaluation_plan import SELECT_ON
 from tff_fedrecgel.program.evaluation_plan import EvaluationPlan
-from tff_fedrecgel.program.outputs import ExperimentPaths
-from tff_fedrecgel.program.outputs import OutputError
-from tff_fedrecgel.program.outputs import write_atomically
+from tff_fedrecgel.program.outputs import ExperimentPaths, OutputError
+from tff_fedrecgel.program.outputs import run_state_io, write_atomically
 from tff_fedrecgel.program.selected_state import SelectedState
 from tff_fedrecgel.program.selected_state import evaluations_since
 from tff_fedrecgel.simulation import Simulation
@@ -142,7 +141,7 @@ class _Checkpoints:
 
     def save(self, state, round_num: int) -> None:
         with _writing(f'the checkpoint of round {round_num} in {self._root}'):
-            self._loop.run_until_complete(self._manager.save(state, round_num))
+            run_state_io(self._loop, self._manager.save(state, round_num))
 
     def load_latest(self, structures, check_record=None) -> tuple[Any, int, int]:
         """The latest readable state; (None, 0, -1) when there is none.
@@ -165,8 +164,7 @@ class _Checkpoints:
             error = None
             for index, structure in enumerate(structures):
                 try:
-                    state = self._loop.run_until_complete(
-                        self._manager.load(version, structure))
+                    state = run_state_io(self._loop, self._manager.load(version, structure))
                     return state, version, index
                 except Exception as e:  # pylint: disable=broad-except
                     # A run killed while writing leaves a partial SavedModel.
@@ -331,6 +329,7 @@ def _restore(simulation, checkpoints, plan, paths, hparams, record):
                              json.dumps(dict(hparams), indent=2, sort_keys=True) + '\n')
         _warn(f'{paths.hparams} was missing; rebuilt from the checkpoint of round {version}')
     simulation.restore(restored['simulation'], resume=True)
+    del restored['simulation']  # Now the simulation's own: not kept twice.
     logging.info('resumed from the checkpoint of round %d', version)
     print(f'resuming from the checkpoint of round {version}', flush=True)
     return restored, version, MetricsLog.from_state(restored['metrics_rows'])

@@ -132,16 +132,19 @@ class UserRows:
         indptr = np.concatenate([[0], np.cumsum([len(i) for i in items])]).astype(np.int64)
         if not items:
             return indptr, np.zeros(0, np.int32), np.zeros((0, self.width), np.float32)
-        return (indptr, np.concatenate(items).astype(np.int32),
-                np.concatenate([self.rows[u] for u in users]).astype(np.float32))
+        # One copy of the rows: a checkpoint of FedRAP's holds GiBs of them.
+        return (indptr, np.concatenate(items).astype(np.int32, copy=False),
+                np.concatenate([self.rows[u] for u in users], dtype=np.float32))
 
     def restore(self, indptr, items, rows) -> None:
         """Back from every user's `csr`."""
         indptr = np.asarray(indptr, np.int64)
         items = np.asarray(items, np.int32)
         rows = np.asarray(rows, np.float32).reshape(-1, self.width)
-        self.items = [items[indptr[u]:indptr[u + 1]] for u in range(len(indptr) - 1)]
-        self.rows = [rows[indptr[u]:indptr[u + 1]] for u in range(len(indptr) - 1)]
+        # Copies, not views: a view would keep the whole loaded array alive
+        # beside every user's retrained rows.
+        self.items = [items[indptr[u]:indptr[u + 1]].copy() for u in range(len(indptr) - 1)]
+        self.rows = [rows[indptr[u]:indptr[u + 1]].copy() for u in range(len(indptr) - 1)]
 
 
 def server_arrays(state) -> list[np.ndarray]:
