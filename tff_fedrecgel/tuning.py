@@ -292,6 +292,13 @@ class TuneConfig:
         full = self._objective_protocol is protocols.FULL
         return protocols.BOTH if full else protocols.SAMPLED.name
 
+    @property
+    def trial_schedule(self) -> dict[str, Any]:
+        """A full-ranking objective reads only the full-ranking rounds, so
+        trials rank by sampled negatives there too, not every round."""
+        every = self.base.get('rounds_per_full_eval')
+        return {'rounds_per_eval': every} if every and self.eval_protocol == protocols.BOTH else {}
+
 
 def auto_trial(config: TuneConfig, split: Split) -> dict[str, Any]:
     """The searched settings' values under the `auto` preset on `split`.
@@ -407,7 +414,7 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
         experiment = make_experiment(
             config.task, run_dir=run_dir, split=split, algorithm=config.algorithm,
             preset=recipes.PAPER, validation=True, eval_protocol=config.eval_protocol,
-            seed=config.seed, **{**config.base, **values})
+            seed=config.seed, **{**config.trial_schedule, **config.base, **values})
         # A slow starter may still lead at the end: no metric pruning before this.
         prunable_from = (config.prune_after * experiment.settings.total_rounds
                          if config.prune_after else 0)
