@@ -11,7 +11,9 @@ same budget (`launch/tune.py`, `--peer_search_trials` trials of the plan's
 rounds, on the validation item, seed 0) into `<dataset>/search_<method>/`,
 and its `searched_<method>_seed<s>` runs train at the search's
 `best_preset.json` once the search has reached its trials.
-`launch/run_study.py --plan=peers` runs both halves.
+`launch/run_study.py --plan=peers` runs both halves. A search outlives its
+folder: `launch/report_study.py --plan=peers` records every search's trials
+in `SEARCH_LEDGER`, from which a fresh checkout resumes it (`Search.restore`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 import dataclasses
 import json
+import os
 import pathlib
 
 from tff_fedrecgel import tasks
@@ -46,6 +49,12 @@ SEARCH_TRIALS = 20
 # What a search writes (`tuning.PROGRESS`, `tuning.BEST_PRESET`); not
 # imported, so that listing the plan loads no TensorFlow.
 _PROGRESS, _BEST_PRESET = 'search.json', 'best_preset.json'
+# Every search's trials (`tuning_study.export_study`), committed beside the
+# runs' rows, keyed by search name.
+SEARCH_LEDGER = 'docs/peers_searches.json'
+# Where the ledger's searches read their data: the runner's --datasets_dir,
+# named when a search resumes (so the ledger holds no machine's paths).
+_DATASETS_DIR_MARK = '<datasets_dir>'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +109,31 @@ class Search:
         # Its own trials, not the search.json's: a larger budget resumes it.
         return (progress.get('finished_trials', 0) >= self.trials
                 and self.preset_path(root).exists())
+
+    def restore(self, root: pathlib.Path, recorded: dict, datasets_dir: pathlib.Path) -> int:
+        """Brings its recorded trials into its folder if that holds no study
+        (a fresh checkout), so that the search resumes instead of starting
+        again.
+
+        Args:
+          root: The study root.
+          recorded: `recorded_searches` of the ledger.
+          datasets_dir: The folder of the datasets it now reads.
+
+        Returns:
+          How many trials it brought (0: none recorded, or the folder has
+          its own study).
+        """
+        from tff_fedrecgel import tuning_study  # pylint: disable=g-import-not-at-top
+        folder = root / self.name
+        if self.name not in recorded or (folder / tuning_study.STUDY_FILE).exists():
+            return 0
+        record = json.loads(json.dumps(recorded[self.name]))
+        base = (record.get('definition') or {}).get('base', {})
+        if base.get('data_dir') == f'{_DATASETS_DIR_MARK}/{self.dataset}':
+            base['data_dir'] = os.path.abspath(datasets_dir / self.dataset)  # As tune.py has it.
+        tuning_study.import_study(folder, record)
+        return len(record['trials'])
 
 
 def settings_source(method: str) -> str:
@@ -175,3 +209,35 @@ def search_of(run: Run | Search, plan: Sequence[Run | Search]) -> Search | None:
     return next((s for s in plan if isinstance(s, Search) and run.name != s.name
                  and run.name.startswith(s.name.replace('/search_', '/searched_') + '_seed')),
                 None)
+
+
+def recorded_searches(ledger: pathlib.Path) -> dict:
+    """The searches a ledger holds (`SEARCH_LEDGER`), by name; none if it
+    does not exist."""
+    if not ledger.exists():
+        return {}
+    return json.loads(ledger.read_text(encoding='utf-8'))
+
+
+def record_searches(root: pathlib.Path, ledger: pathlib.Path) -> int:
+    """Records the trials of every search under `root` in `ledger`, keeping
+    the ledger's searches whose folders are gone.
+
+    Returns:
+      How many searches the ledger holds (it is left as it was when `root`
+      holds none).
+    """
+    from tff_fedrecgel import tuning_study  # pylint: disable=g-import-not-at-top
+    from tff_fedrecgel.program import outputs  # pylint: disable=g-import-not-at-top
+    recorded = recorded_searches(ledger)
+    found = {f'{folder.parent.name}/{folder.name}': tuning_study.export_study(folder)
+             for folder in sorted(root.glob('*/search_*')) if folder.is_dir()}
+    found = {name: record for name, record in found.items() if record is not None}
+    for name, record in found.items():
+        base = (record.get('definition') or {}).get('base', {})
+        if base.get('data_dir'):
+            base['data_dir'] = f'{_DATASETS_DIR_MARK}/{name.split("/")[0]}'
+    if found:
+        recorded.update(found)
+        outputs.write_atomically(ledger, json.dumps(recorded, indent=1, sort_keys=True) + '\n')
+    return len(recorded)

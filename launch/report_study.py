@@ -42,6 +42,7 @@ import pandas as pd
 from tff_fedrecgel.launch import _peers_report
 from tff_fedrecgel.launch import _recipe_report
 from tff_fedrecgel.launch import _report
+from tff_fedrecgel.launch import peers_study
 from tff_fedrecgel.launch import study
 from tff_fedrecgel.launch import transfer_study
 from tff_fedrecgel.errors import DataError
@@ -71,6 +72,10 @@ _TRANSFER_CSV = flags.DEFINE_string(
 _PEERS_CSV = flags.DEFINE_string(
     'peers_csv', _report.LEDGERS['peers'],
     'Peers study: every peer run\'s selected figures, kept as the transfer rows are.')
+_PEERS_SEARCHES = flags.DEFINE_string(
+    'peers_searches', peers_study.SEARCH_LEDGER,
+    'Peers study: every search\'s trials, kept when their folders are gone, from '
+    'which launch/run_study.py resumes a search in a fresh checkout.')
 _DATASETS_DIR = flags.DEFINE_string(
     'datasets_dir', None, 'Transfer study: the folder of the paper datasets (their '
     'profiles choose each recipe\'s negatives and the rule\'s branch).')
@@ -477,7 +482,10 @@ def _peers(root: pathlib.Path) -> int:
     _report.write_block(results, _peers_report.tables_block(runs),
                         _peers_report.BEGIN, _peers_report.END)
     peers.sort_values('name').to_csv(peers_csv, index=False, float_format='%.6g')
-    print(f'{len(peers)} peer runs: tables in {results}, rows in {peers_csv}')
+    searches = pathlib.Path(_PEERS_SEARCHES.value)
+    recorded = peers_study.record_searches(root, searches)
+    print(f'{len(peers)} peer runs: tables in {results}, rows in {peers_csv}; '
+          f'{recorded} searches\' trials in {searches}')
     return 0
 
 

@@ -84,7 +84,8 @@ _LIST = flags.DEFINE_bool('list', False, 'Print the plan and exit.')
 _SKIP_REPORTED = flags.DEFINE_bool(
     'skip_reported', True, 'Count the runs of the plan\'s report rows (docs/study_runs.csv, '
     'recipe_runs.csv, transfer_runs.csv or peers_runs.csv, kept when their folders are '
-    'gone) as done, so the study resumes in a fresh '
+    'gone) as done, and resume each search of the peers plan from the trials '
+    f'{peers_study.SEARCH_LEDGER} records, so the study resumes in a fresh '
     'checkout; --noskip_reported runs them again.')
 _PLAN = flags.DEFINE_enum(
     'plan', 'paper', ['paper', 'recipe', 'transfer', 'peers'],
@@ -227,8 +228,8 @@ class _Children:
 
 
 def _run_one(run: study.Run, root: pathlib.Path, datasets_dir: pathlib.Path,
-             children: _Children, search: peers_study.Search | None = None
-             ) -> tuple[study.Run, int | str | None, float]:
+             children: _Children, search: peers_study.Search | None = None,
+             recorded: dict | None = None) -> tuple[study.Run, int | str | None, float]:
     folder, experiment = run.name.split('/', 1)  # Folder: the dataset's key.
     out_dir = root / folder
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -250,6 +251,11 @@ def _run_one(run: study.Run, root: pathlib.Path, datasets_dir: pathlib.Path,
             fcntl.flock(log, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return run, None, 0.0
+        if isinstance(run, peers_study.Search):  # Under the lock: one runner restores.
+            restored = run.restore(root, recorded or {}, datasets_dir)
+            if restored:
+                log.write(f'resuming from the {restored} trials of '
+                          f'{peers_study.SEARCH_LEDGER}\n')
         log.write(' '.join(command) + '\n')
         log.flush()
         # A search's call is stopped from outside when its time is up, not
@@ -271,6 +277,8 @@ def main(argv: list[str]) -> int:
     runs = _only(plan)
     reported = (_report.reported_runs(pathlib.Path(_report.LEDGERS[_PLAN.value]))
                 if _SKIP_REPORTED.value else set())
+    recorded = (peers_study.recorded_searches(pathlib.Path(peers_study.SEARCH_LEDGER))
+                if _SKIP_REPORTED.value and _PLAN.value == 'peers' else {})
     # A search is needed while a run at its preset is: a fresh checkout whose
     # report holds every such run searches nothing again.
     reported |= {run.name for run in runs if isinstance(run, peers_study.Search)
@@ -306,7 +314,8 @@ def main(argv: list[str]) -> int:
     pool = concurrent.futures.ThreadPoolExecutor(_PARALLEL.value)
     try:
         futures = [pool.submit(_run_one, run, root, datasets_dir, children,
-                               peers_study.search_of(run, plan)) for run in todo]
+                               peers_study.search_of(run, plan), recorded)
+                   for run in todo]
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
             run, code, seconds = future.result()
             if code is None:

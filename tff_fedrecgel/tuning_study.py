@@ -7,6 +7,8 @@ folder (`program.outputs.check_hparams`), a study cannot silently mix trials
 of two configurations, nor write a best preset whose fixed settings are not
 those its trials ran with. Only the budget (trials, minutes) may change.
 Trials a killed or interrupted search left unfinished run again, once.
+A study also travels as plain JSON (`export_study`, `import_study`), so that
+a search resumes where its folder is gone (a fresh checkout).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Mapping
 import csv
 import json
 import logging
+import os
 import pathlib
 import re
 from typing import Any
@@ -174,3 +177,71 @@ def finished(study: optuna.Study) -> int:
     """Trials that ran to their end or were pruned."""
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     return len(study.get_trials(deepcopy=False, states=states))
+
+
+def export_study(root: pathlib.Path) -> dict[str, Any] | None:
+    """The search in `root` as plain JSON: its definition and its trials in
+    order, enough for `import_study` to resume it where the folder is gone.
+
+    A trial still running is recorded as interrupted (it runs again where
+    the record is imported, from its first round: its checkpoints stay
+    here); a queued retry is left out (opening the study queues it again).
+
+    Returns:
+      The record, or None if `root` holds no study.
+    """
+    path = root / STUDY_FILE
+    if not path.exists():
+        return None
+    quiet_optuna()
+    study = optuna.load_study(study_name=STUDY_NAME, storage=f'sqlite:///{path}')
+    trials = []
+    for t in study.get_trials(deepcopy=False):
+        if t.state == optuna.trial.TrialState.WAITING:
+            continue
+        attrs, state = dict(t.user_attrs), t.state
+        if state == optuna.trial.TrialState.RUNNING:
+            state, attrs[INTERRUPTED] = optuna.trial.TrialState.FAIL, True
+        trials.append({
+            'number': t.number, 'state': state.name, 'value': t.value, 'params': t.params,
+            'distributions': {k: optuna.distributions.distribution_to_json(d)
+                              for k, d in t.distributions.items()},
+            'intermediate_values': {str(k): v for k, v in t.intermediate_values.items()},
+            'user_attrs': attrs})
+    return {'definition': study.user_attrs.get(DEFINITION), 'trials': trials}
+
+
+def import_study(root: pathlib.Path, record: Mapping[str, Any]) -> None:
+    """Writes an `export_study` record as the study of `root`, which holds
+    none: `open_study` then resumes the search as it would have resumed in
+    the folder the record came from (same trials, numbers, pruning history
+    and sampler seed). The file appears whole or not at all.
+
+    Raises:
+      DataError: If `root` holds a study already, or the record's trials
+        are not numbered 0, 1, ... in order.
+    """
+    path = root / STUDY_FILE
+    if path.exists():
+        raise DataError(f'{root} holds a study already; its trials are not replaced')
+    numbers = [t['number'] for t in record['trials']]
+    if numbers != list(range(len(numbers))):
+        raise DataError(f'the recorded search for {root} skips trial numbers '
+                        f'({numbers}); it cannot resume with the same ones')
+    root.mkdir(parents=True, exist_ok=True)
+    partial = root / f'{STUDY_FILE}.part'
+    partial.unlink(missing_ok=True)
+    quiet_optuna()
+    storage = optuna.storages.RDBStorage(f'sqlite:///{partial}')
+    study = optuna.create_study(study_name=STUDY_NAME, storage=storage, direction='maximize')
+    if record.get('definition') is not None:
+        study.set_user_attr(DEFINITION, record['definition'])
+    for t in record['trials']:
+        study.add_trial(optuna.trial.create_trial(
+            state=optuna.trial.TrialState[t['state']], value=t['value'], params=t['params'],
+            distributions={k: optuna.distributions.json_to_distribution(d)
+                           for k, d in t['distributions'].items()},
+            intermediate_values={int(k): v for k, v in t['intermediate_values'].items()},
+            user_attrs=t['user_attrs']))
+    storage.engine.dispose()
+    os.replace(partial, path)
