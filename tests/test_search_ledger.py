@@ -1,5 +1,6 @@
-"""A search outlives its folder: its trials, recorded as JSON, resume it in a
-fresh checkout as it would have resumed in its own folder."""
+"""A search resumes where it stopped: in a fresh checkout from its trials
+recorded as JSON, as it would have in its own folder, and after TFF's
+worker died under it."""
 
 import dataclasses
 import json
@@ -122,3 +123,26 @@ def test_a_fresh_checkout_resumes_the_recorded_search(tmp_path):
     assert 'resuming from the 4 trials' in (fresh / 'filmtrust' / 'search_pfedrec.log').read_text()
     assert (tuning_study.export_study(folder)['trials']
             == tuning_study.export_study(tmp_path / 'elsewhere')['trials'])
+
+
+class _WorkerDiesOnce(_StoppedOnce):
+    """A stand-in whose first trial loses its worker (a crash of TFF's runtime)."""
+
+    def train(self, on_round_end):
+        if len(_StoppedOnce.made) == 1:
+            raise runtime.WorkerExitedError('TFF\'s worker process (pid 1) was killed by SIGSEGV')
+        return super().train(on_round_end)
+
+
+def test_a_trial_whose_worker_died_runs_again_when_resumed(tmp_path):
+    _StoppedOnce.made = []
+    with pytest.raises(runtime.WorkerExitedError):
+        tuning.run_search(_CONFIG, root=tmp_path, split=_SPLIT, make_experiment=_WorkerDiesOnce)
+    record = tuning.run_search(_CONFIG, root=tmp_path, split=_SPLIT,
+                               make_experiment=_WorkerDiesOnce)
+    first, again = _StoppedOnce.made[:2]
+    assert again == first  # Its settings, in its folder.
+    assert record['trials_this_call'][0]['trial'] == 1 and record['finished_trials'] == 2
+    study = optuna.load_study(study_name=tuning_study.STUDY_NAME,
+                              storage=f'sqlite:///{tmp_path / tuning_study.STUDY_FILE}')
+    assert study.trials[1].user_attrs[tuning_study.RETRY_OF] == 0

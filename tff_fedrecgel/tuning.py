@@ -426,7 +426,9 @@ def _search(config: TuneConfig, root: pathlib.Path, split: Split,
         except optuna.TrialPruned:
             state = 'pruned'
             raise
-        except (KeyboardInterrupt, tuning_study.BudgetEnd) as stop:
+        # A worker that died (a crash of TFF's C++ runtime, not the settings'
+        # fault) stops the call as a signal does: the trial runs on when resumed.
+        except (KeyboardInterrupt, tuning_study.BudgetEnd, runtime.WorkerExitedError) as stop:
             state = 'interrupted'
             trial.set_user_attr(tuning_study.INTERRUPTED, True)
             raise stop
