@@ -157,3 +157,30 @@ def test_switching_the_context_releases_the_replaced_ones_executors(tff_runtime)
         assert plain.executor_factory.kept == 0  # ...until it ends.
     finally:
         tff_runtime.install()
+
+
+_HOLDS_A_VALUE_AS_THE_WORKER_STOPS = '''
+import asyncio
+import numpy as np
+import tensorflow_federated as tff
+from tff_fedrecgel import runtime
+
+local_runtime = runtime.LocalRuntime().install()
+executor = tff.framework.get_context_stack().current.executor_factory.create_executor(
+    {tff.CLIENTS: 1})
+value = asyncio.run(executor.create_value(np.float32(1.0), tff.TensorType(np.float32)))
+local_runtime.stop()  # As a stopped run does, with a computation's value still held.
+print('stopped')
+'''
+
+
+def test_values_held_when_the_worker_stops_do_not_try_to_free_themselves_on_it():
+    """A run stopped mid-computation printed a traceback per value at exit."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, '-c', _HOLDS_A_VALUE_AS_THE_WORKER_STOPS],
+                          capture_output=True, text=True, timeout=300, check=False,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0 and done.stdout == 'stopped\n', done.stderr
+    assert 'Traceback' not in done.stderr and 'Exception ignored' not in done.stderr, done.stderr

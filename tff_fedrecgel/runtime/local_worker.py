@@ -323,6 +323,13 @@ class LocalRuntime:
             process, self._process = self._process, None
             if process is not None:
                 self._kill(process)
+                # Values a stopped computation still holds would each try to
+                # free themselves on the dead worker (a traceback apiece, at
+                # exit): closed executors make their finalizers skip.
+                for context in (*self._retired, self._context):
+                    if context is not None:
+                        with contextlib.suppress(Exception):
+                            context.executor_factory.release()
             self._release_owner_thread()
             # Not `channel.close()`: TFF's stub keeps a connectivity
             # subscription whose polling thread fails on a channel closed
