@@ -19,6 +19,7 @@ in `SEARCH_LEDGER`, from which a fresh checkout resumes it (`Search.restore`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+import copy
 import dataclasses
 import json
 import os
@@ -128,7 +129,7 @@ class Search:
         folder = root / self.name
         if self.name not in recorded or (folder / tuning_study.STUDY_FILE).exists():
             return 0
-        record = json.loads(json.dumps(recorded[self.name]))
+        record = copy.deepcopy(recorded[self.name])
         base = (record.get('definition') or {}).get('base', {})
         if base.get('data_dir') == f'{_DATASETS_DIR_MARK}/{self.dataset}':
             base['data_dir'] = os.path.abspath(datasets_dir / self.dataset)  # As tune.py has it.

@@ -282,13 +282,19 @@ class LocalRuntime:
                 self._release_executors(retired_only=True)
         return self
 
-    def _release_executors(self, *, retired_only: bool = False) -> None:
-        # Called under the lock, with no span of work open.
+    def _release_executors(self, *, retired_only: bool = False,
+                           worker_stopped: bool = False) -> None:
+        # Called under the lock: with no span of work open, or just after the
+        # worker was stopped. Then values a stopped computation still holds
+        # would each try to free themselves on the dead worker (a traceback
+        # apiece, at exit); closed executors make their finalizers skip.
         contexts, self._retired = self._retired, []
         if not retired_only and self._context is not None:
             contexts.append(self._context)
-        if self.worker_pid is not None:
-            for context in contexts:
+        if self.worker_pid is None and not worker_stopped:
+            return
+        for context in contexts:
+            with contextlib.suppress(Exception) if worker_stopped else contextlib.nullcontext():
                 context.executor_factory.release()
 
     @contextlib.contextmanager
@@ -323,13 +329,7 @@ class LocalRuntime:
             process, self._process = self._process, None
             if process is not None:
                 self._kill(process)
-                # Values a stopped computation still holds would each try to
-                # free themselves on the dead worker (a traceback apiece, at
-                # exit): closed executors make their finalizers skip.
-                for context in (*self._retired, self._context):
-                    if context is not None:
-                        with contextlib.suppress(Exception):
-                            context.executor_factory.release()
+                self._release_executors(worker_stopped=True)
             self._release_owner_thread()
             # Not `channel.close()`: TFF's stub keeps a connectivity
             # subscription whose polling thread fails on a channel closed
