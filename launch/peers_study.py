@@ -214,10 +214,22 @@ def search_of(run: Run | Search, plan: Sequence[Run | Search]) -> Search | None:
 
 def recorded_searches(ledger: pathlib.Path) -> dict:
     """The searches a ledger holds (`SEARCH_LEDGER`), by name; none if it
-    does not exist."""
+    does not exist.
+
+    Raises:
+      ValueError: The file is not a ledger (say, a merge left it broken).
+    """
     if not ledger.exists():
         return {}
-    return json.loads(ledger.read_text(encoding='utf-8'))
+    try:
+        recorded = json.loads(ledger.read_text(encoding='utf-8'))
+    except json.JSONDecodeError as e:
+        recorded = e
+    if not isinstance(recorded, dict):
+        detail = f' ({recorded})' if isinstance(recorded, Exception) else ''
+        raise ValueError(f'{ledger} is not a search ledger{detail}: restore it with '
+                         f'git checkout -- {ledger}, or move it away to search again')
+    return recorded
 
 
 def record_searches(root: pathlib.Path, ledger: pathlib.Path) -> int:

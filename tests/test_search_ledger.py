@@ -125,6 +125,23 @@ def test_a_fresh_checkout_resumes_the_recorded_search(tmp_path):
             == tuning_study.export_study(tmp_path / 'elsewhere')['trials'])
 
 
+@pytest.mark.parametrize('text', ['{"filmtrust/search_pfedrec": ', '[1]'])
+def test_a_broken_ledger_is_refused_in_one_line(tmp_path, text):
+    ledger = tmp_path / peers_study.SEARCH_LEDGER
+    ledger.parent.mkdir()
+    ledger.write_text(text)
+    (tmp_path / 'data' / 'filmtrust').mkdir(parents=True)
+    result = _script('run_study.py', '--plan=peers', f'--datasets_dir={tmp_path / "data"}',
+                     '--datasets=filmtrust', '--only=search_pfedrec',
+                     f'--root_output_dir={tmp_path / "peers"}', cwd=tmp_path)
+    assert result.returncode != 0
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f'error: {peers_study.SEARCH_LEDGER} is not a search ledger')
+    assert line.endswith(f'git checkout -- {peers_study.SEARCH_LEDGER}, or move it away '
+                         'to search again')
+    assert not (tmp_path / 'peers').exists()
+
+
 class _WorkerDiesOnce(_StoppedOnce):
     """A stand-in whose first trial loses its worker (a crash of TFF's runtime)."""
 
