@@ -232,9 +232,15 @@ def recorded_searches(ledger: pathlib.Path) -> dict:
     return recorded
 
 
-def record_searches(root: pathlib.Path, ledger: pathlib.Path) -> int:
+def record_searches(root: pathlib.Path, ledger: pathlib.Path,
+                    recorded: dict | None = None) -> int:
     """Records the trials of every search under `root` in `ledger`, keeping
     the ledger's searches whose folders are gone.
+
+    Args:
+      root: The study root.
+      ledger: The ledger's file.
+      recorded: Its `recorded_searches`, when already read.
 
     Returns:
       How many searches the ledger holds (it is left as it was when `root`
@@ -242,7 +248,7 @@ def record_searches(root: pathlib.Path, ledger: pathlib.Path) -> int:
     """
     from tff_fedrecgel import tuning_study  # pylint: disable=g-import-not-at-top
     from tff_fedrecgel.program import outputs  # pylint: disable=g-import-not-at-top
-    recorded = recorded_searches(ledger)
+    recorded = recorded_searches(ledger) if recorded is None else recorded
     found = {f'{folder.parent.name}/{folder.name}': tuning_study.export_study(folder)
              for folder in sorted(root.glob('*/search_*')) if folder.is_dir()}
     found = {name: record for name, record in found.items() if record is not None}

@@ -477,13 +477,14 @@ def _peers(root: pathlib.Path) -> int:
     if peers.empty:
         raise DataError(f'no finished runs under {root} nor in {peers_csv}; run '
                         'launch/run_study.py --plan=peers first')
+    searches = pathlib.Path(_PEERS_SEARCHES.value)
+    recorded = peers_study.recorded_searches(searches)  # Refused before anything is written.
     runs = _peers_report.combine(peers, pd.read_csv(recipe_csv))
     results = pathlib.Path(_RESULTS.value)
     _report.write_block(results, _peers_report.tables_block(runs),
                         _peers_report.BEGIN, _peers_report.END)
     peers.sort_values('name').to_csv(peers_csv, index=False, float_format='%.6g')
-    searches = pathlib.Path(_PEERS_SEARCHES.value)
-    recorded = peers_study.record_searches(root, searches)
+    recorded = peers_study.record_searches(root, searches, recorded)
     print(f'{len(peers)} peer runs: tables in {results}, rows in {peers_csv}; '
           f'{recorded} searches\' trials in {searches}')
     return 0

@@ -104,6 +104,19 @@ def test_the_report_frames_each_method_and_pairs_it_with_fedrecgel(studies, tmp_
     assert block in results.read_text()
 
 
+def test_a_broken_search_ledger_is_refused_before_anything_is_written(studies, tmp_path):
+    peers, recipe_csv, results = studies
+    before = results.read_text()
+    ledger = tmp_path / 'searches.json'
+    ledger.write_text('{"lastfm_2k/search_fedsam": ')
+    done = _script('report_study.py', '--plan=peers', f'--root_output_dir={peers}',
+                   f'--runs_csv={recipe_csv}', f'--results={results}',
+                   f'--peers_csv={tmp_path / "peers_runs.csv"}', f'--peers_searches={ledger}')
+    assert done.returncode != 0
+    assert done.stderr.count('\n') == 1 and 'is not a search ledger' in done.stderr
+    assert results.read_text() == before and not (tmp_path / 'peers_runs.csv').exists()
+
+
 def test_no_runs_is_one_line(tmp_path):
     done = _script('report_study.py', '--plan=peers', f'--root_output_dir={tmp_path / "none"}',
                    f'--peers_csv={tmp_path / "none.csv"}')
