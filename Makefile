@@ -44,17 +44,27 @@ $(STAMP): requirements.txt constraints.txt setup.py pyproject.toml
 	$(call install_env,$(VENV),-c constraints.txt)
 	@touch $(STAMP)
 
+# A .venv shared by several checkouts (a symlink) runs the library of the
+# one installed last: point its editable install at this one (seconds).
+define this_checkout
+	@$(PY) -c "import pathlib, tff_fedrecgel.launch as l; raise SystemExit(pathlib.Path(l.__file__).resolve().parents[1] != pathlib.Path.cwd().resolve())" 2>/dev/null \
+	  || $(PY) -m pip install $(PIP_FLAGS) -c constraints.txt --no-deps --no-build-isolation -e .
+endef
+
 venv: $(STAMP)
+	$(this_checkout)
 
 # The honest protocol: the test figure at the round chosen on a validation
 # item, under full ranking too, printed beside item popularity's.
 run: $(STAMP)
+	$(this_checkout)
 	$(PY) launch/train.py --task=synthetic --root_output_dir=runs --experiment_name=default \
 	    --validation --eval_protocol=both --rounds_per_full_eval=5
 
 # Two pytest workers (pytest-xdist): most tests start launch/train.py, whose
 # TF/TFF import is single-threaded; 646 s instead of 1159 s on 2 cores.
 test: $(STAMP)
+	$(this_checkout)
 	$(PY) -m pytest -q -n 2 tests
 
 clean-venv:
