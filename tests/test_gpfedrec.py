@@ -107,6 +107,26 @@ def test_the_user_graph_links_each_user_to_its_neighbors():
     np.testing.assert_allclose(lonely, np.eye(3))  # Nobody passes the mean: each keeps itself.
 
 
+@pytest.mark.parametrize('rows', [[0, 1, 2, 3, 4, 5], [2, 3, 4], [1, 3, 4], [5]])
+def test_server_products_over_some_rows_are_the_dense_ones(rows, monkeypatch):
+    """The Gram matrix and the propagation over a run of rows (read in
+    place) or scattered rows (copied), a few columns at a time."""
+    monkeypatch.setattr(gpfedrec, '_CHUNK_BYTES', 4 * len(rows) * 7)  # 7 columns a block.
+    flat = np.random.default_rng(2).normal(size=(6, 40)).astype(np.float32)
+    picked = flat[rows].astype(np.float64)
+    np.testing.assert_allclose(gpfedrec.rows_gram(flat, np.array(rows)), picked @ picked.T,
+                               rtol=1e-5)
+    matrix = np.random.default_rng(3).random((len(rows), len(rows))).astype(np.float32)
+    apart = gpfedrec.rows_transform(flat, np.array(rows), matrix,
+                                    out=np.empty((len(rows), 40), np.float32))
+    np.testing.assert_allclose(apart, matrix @ picked, rtol=1e-5, atol=1e-5)
+    others = np.setdiff1d(np.arange(6), rows)
+    before = flat.copy()
+    gpfedrec.rows_transform(flat, np.array(rows), matrix)
+    np.testing.assert_array_equal(flat[rows], apart)
+    np.testing.assert_array_equal(flat[others], before[others])
+
+
 @pytest.mark.parametrize('layers', [1, 2])
 def test_targets_are_message_passing_on_the_graph(layers):
     config = gpfedrec.GPFedRecConfig(latent_dim=3, layers=(6, 2), mp_layers=layers)

@@ -290,11 +290,22 @@ def _chunks(flat: np.ndarray, rows: np.ndarray):
         yield slice(start, min(start + width, flat.shape[1]))
 
 
+def _row_index(rows: np.ndarray) -> slice | np.ndarray:
+    """`rows` as a slice when they are consecutive (every user in the round,
+    the authors' setting): `flat[slice, cols]` is a view, where an index
+    array copies each block, which made the Gram matrix 2-3x slower."""
+    rows = np.asarray(rows)
+    if len(rows) and rows[-1] - rows[0] + 1 == len(rows) and (np.diff(rows) == 1).all():
+        return slice(int(rows[0]), int(rows[-1]) + 1)
+    return rows
+
+
 def rows_gram(flat: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """`flat[rows] @ flat[rows].T` (float64 `[n, n]`), a column block at a time."""
     gram = np.zeros((len(rows), len(rows)), np.float64)
+    index = _row_index(rows)
     for cols in _chunks(flat, rows):
-        block = flat[rows, cols]
+        block = flat[index, cols]
         gram += block @ block.T
     return gram
 
@@ -333,10 +344,11 @@ def rows_transform(flat: np.ndarray, rows: np.ndarray, matrix: np.ndarray,
                    out: np.ndarray | None = None) -> np.ndarray:
     """`matrix @ flat[rows]`, a column block at a time, into `out` (None:
     back into `flat[rows]`, in place)."""
+    index = _row_index(rows)
     for cols in _chunks(flat, rows):
-        result = matrix @ flat[rows, cols]
+        result = matrix @ flat[index, cols]
         if out is None:
-            flat[rows, cols] = result
+            flat[index, cols] = result
         else:
             out[:, cols] = result
     return flat if out is None else out
