@@ -4,6 +4,10 @@ small planted dataset."""
 
 import collections
 import copy
+import json
+import pathlib
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -125,6 +129,17 @@ def test_server_products_over_some_rows_are_the_dense_ones(rows, monkeypatch):
     gpfedrec.rows_transform(flat, np.array(rows), matrix)
     np.testing.assert_array_equal(flat[rows], apart)
     np.testing.assert_array_equal(flat[others], before[others])
+
+
+def test_the_server_benchmark_times_both_ways_of_reading_the_tables():
+    script = pathlib.Path(__file__).resolve().parents[1] / 'launch' / 'benchmark_gpfedrec.py'
+    done = subprocess.run([sys.executable, str(script), '--users=6', '--items=5', '--dim=3',
+                           '--repeats=2'], capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures['users'] == 6 and figures['gram_relative_gap'] <= 1e-5
+    assert figures['gram_in_place_s'] > 0 and figures['propagation_copied_over_in_place'] > 0
 
 
 @pytest.mark.parametrize('layers', [1, 2])
