@@ -293,7 +293,8 @@ def _chunks(flat: np.ndarray, rows: np.ndarray):
 def _row_index(rows: np.ndarray) -> slice | np.ndarray:
     """`rows` as a slice when they are consecutive (every user in the round,
     the authors' setting): `flat[slice, cols]` is a view, where an index
-    array copies each block, which made the Gram matrix 2-3x slower."""
+    array copies each block, which made the Gram matrix 1.2-2.1x slower
+    (`launch/benchmark_gpfedrec.py`)."""
     rows = np.asarray(rows)
     if len(rows) and rows[-1] - rows[0] + 1 == len(rows) and (np.diff(rows) == 1).all():
         return slice(int(rows[0]), int(rows[-1]) + 1)
@@ -343,12 +344,13 @@ def propagation(graph: np.ndarray, config: GPFedRecConfig) -> np.ndarray:
 def rows_transform(flat: np.ndarray, rows: np.ndarray, matrix: np.ndarray,
                    out: np.ndarray | None = None) -> np.ndarray:
     """`matrix @ flat[rows]`, a column block at a time, into `out` (None:
-    back into `flat[rows]`, in place)."""
-    index = _row_index(rows)
+    back into `flat[rows]`, in place). Unlike the Gram matrix it copies each
+    block, consecutive rows too: read in place it measured no faster
+    (`launch/benchmark_gpfedrec.py`)."""
     for cols in _chunks(flat, rows):
-        result = matrix @ flat[index, cols]
+        result = matrix @ flat[rows, cols]
         if out is None:
-            flat[index, cols] = result
+            flat[rows, cols] = result
         else:
             out[:, cols] = result
     return flat if out is None else out
