@@ -45,10 +45,11 @@ _DIM = flags.DEFINE_integer('dim', 32, 'Embedding width.', lower_bound=1)
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timings of each product and way.', lower_bound=1)
 
 
-def _seconds(fn) -> float:
+def _timed(fn, *args):
+    """`(seconds, fn(*args))`."""
     start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    value = fn(*args)
+    return time.perf_counter() - start, value
 
 
 def main(argv: list[str]) -> int:
@@ -62,10 +63,10 @@ def main(argv: list[str]) -> int:
     grams = {}
     for _ in range(_REPEATS.value):
         for way, rows in ways.items():
-            times[f'gram_{way}'].append(_seconds(
-                lambda rows=rows, way=way: grams.__setitem__(way, gpfedrec.rows_gram(flat, rows))))
-        times['propagation'].append(_seconds(
-            lambda: gpfedrec.rows_transform(flat, ways['in_place'], graph)))
+            seconds, grams[way] = _timed(gpfedrec.rows_gram, flat, rows)
+            times[f'gram_{way}'].append(seconds)
+        seconds, _ = _timed(gpfedrec.rows_transform, flat, ways['in_place'], graph)
+        times['propagation'].append(seconds)
     gram, reordered = grams['in_place'], grams['copied'][::-1, ::-1]
     gap = float(np.abs(gram - reordered).max() / np.abs(gram).max())
     if gap > 1e-5:
